@@ -1,0 +1,200 @@
+//! The whole command-line interface: every subcommand's flags, help text and examples.
+//!
+//! Values are parsed and checked here (durations, targets, schema names) so a bad flag is a usage
+//! error (exit 2) before anything connects; cross-flag rules live in [`crate::config`].
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait};
+
+const ABOUT: &str = "Run a command at most once at a time per target, with PostgreSQL as the only \
+coordinator: a fenced heartbeat lease, a stored result and a transactional outbox event.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  leasectl run --target nightly-report -- ./report.sh
+  leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token
+  leasectl status
+  leasectl runs --target nightly-report --limit 5
+
+Connection: --database-url, else DATABASE_URL, else PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE/
+PGSSLMODE, else the local socket as the current user (what `psql` alone would reach).
+
+Exit codes: the child's code (128+N if signal N killed it); 2 usage; 69 database unavailable;
+70 internal error; 75 busy; 76 lease lost; 78 schema newer than leasectl; 124 --timeout;
+126/127 command not executable / not found; 128+N leasectl received signal N.";
+
+#[derive(Debug, Parser)]
+#[command(name = "leasectl", version, about = ABOUT, after_help = AFTER_HELP)]
+#[command(propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    pub db: DbArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Connection options, accepted before or after the subcommand.
+#[derive(Debug, Args, Clone)]
+pub struct DbArgs {
+    /// PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    pub database_url: Option<String>,
+
+    /// Schema holding leasectl's tables (letters, digits, underscore; at most 48 bytes)
+    #[arg(long, global = true, default_value = "leasectl", value_parser = parse_schema, value_name = "NAME")]
+    pub schema: String,
+
+    /// Log lease transitions and retries to stderr
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run COMMAND under a fenced heartbeat lease on TARGET
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+    /// Show each target's lease, its last run and the outbox backlog
+    #[command(after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json")]
+    Status(StatusArgs),
+    /// List the recorded runs of a target, newest first
+    #[command(after_help = "Examples:\n  leasectl runs --target nightly-report\n  leasectl runs --target nightly-report --limit 1 --json")]
+    Runs(RunsArgs),
+    /// Print the captured stdout (or stderr) of a stored run, byte for byte
+    #[command(after_help = "By default the newest run that was not `lost`.\n\nExamples:\n  leasectl output --target oauth\n  leasectl output --target oauth --run 6f1c… --stderr")]
+    Output(OutputArgs),
+    /// Break a target's lease (operator use); the next holder still gets a higher fence
+    #[command(after_help = "The holder notices at its next heartbeat, stops its command and exits 76.\n\nExample:\n  leasectl release --target nightly-report --force")]
+    Release(ReleaseArgs),
+    /// Apply pending schema migrations (every command also does this itself)
+    #[command(after_help = "Example:\n  leasectl --database-url postgres://app@db/app migrate")]
+    Migrate,
+    /// Print shell completions
+    #[command(after_help = "Examples:\n  leasectl completions bash > /etc/bash_completion.d/leasectl\n  leasectl completions zsh > ~/.zfunc/_leasectl")]
+    Completions(CompletionsArgs),
+}
+
+const RUN_HELP: &str = "\
+At most one copy of COMMAND runs per TARGET across all hosts sharing the database. The child sees
+LEASECTL_TARGET, LEASECTL_TOKEN and LEASECTL_FENCE (a number that grows with every acquisition).
+Its result and an outbox event are stored only while the lease is still held.
+
+Durations: 500ms, 30s, 2m, 1h, 1d.
+
+Examples:
+  leasectl run --target nightly-report -- ./report.sh --full
+  leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
+  leasectl run --target oauth --wait --reuse-within 5m --quiet -- ./refresh-token
+
+Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost; 124 --timeout;
+126/127 not executable / not found; 128+N leasectl got signal N; 2 usage; 69 database down.";
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// What to hold the lease on: 1–200 characters, no control characters
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+
+    /// The lease expires when not renewed for this long (database clock)
+    #[arg(long, value_parser = parse_duration, default_value = "2m", value_name = "DUR")]
+    pub ttl: Duration,
+
+    /// Renewal interval [default: TTL/4]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub heartbeat: Option<Duration>,
+
+    /// When busy, wait for the lease (forever, or up to DUR) instead of exiting 75
+    #[arg(long, value_parser = parse_wait, num_args = 0..=1, require_equals = true,
+          default_missing_value = "forever", value_name = "DUR")]
+    pub wait: Option<Wait>,
+
+    /// Reuse the stored stdout of a successful run that finished less than DUR ago
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub reuse_within: Option<Duration>,
+
+    /// Stop the command after DUR and exit 124
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub timeout: Option<Duration>,
+
+    /// Grace between SIGTERM and SIGKILL when the command must stop [default: min(10s, TTL/10)]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub kill_after: Option<Duration>,
+
+    /// Exit code when another holder has the lease
+    #[arg(long, default_value_t = 75, value_name = "N")]
+    pub busy_exit_code: u8,
+
+    /// Type of the outbox event stored with the result
+    #[arg(long, default_value = "leasectl.run.finished", value_name = "TYPE")]
+    pub event_type: String,
+
+    /// Store the result without an outbox event
+    #[arg(long, conflicts_with = "event_type")]
+    pub no_event: bool,
+
+    /// Capture the command's output without echoing it
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams
+    #[arg(long, value_parser = parse_byte_size, default_value = "1MiB", value_name = "BYTES")]
+    pub capture_limit: usize,
+
+    /// The command and its arguments, after `--`
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Only this target
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: Option<String>,
+    /// One JSON document instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+    /// At most N runs
+    #[arg(long, default_value_t = 20, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub limit: i64,
+    /// One JSON document instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+    /// This run instead of the newest one that was not lost
+    #[arg(long, value_name = "ID")]
+    pub run: Option<uuid::Uuid>,
+    /// Print captured stderr instead of stdout
+    #[arg(long)]
+    pub stderr: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+    /// Required: breaking a live lease makes its holder stop
+    #[arg(long, required = true)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}

@@ -1,0 +1,52 @@
+//! One module per subcommand: each takes its parsed arguments and returns an [`Exit`].
+
+pub mod completions;
+pub mod migrate;
+pub mod output;
+pub mod release;
+pub mod run;
+pub mod runs;
+pub mod status;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command, DbArgs};
+use crate::db::{Db, Schema, Settings};
+use crate::exit::Exit;
+
+/// Runs the parsed command line.
+pub async fn dispatch(cli: Cli) -> Result<Exit> {
+    let db = &cli.db;
+    match cli.command {
+        Command::Run(a) => run::run(db, a).await,
+        Command::Status(a) => status::run(db, a).await,
+        Command::Runs(a) => runs::run(db, a).await,
+        Command::Output(a) => output::run(db, a).await,
+        Command::Release(a) => release::run(db, a).await,
+        Command::Migrate => migrate::run(db).await,
+        Command::Completions(a) => completions::run(a),
+    }
+}
+
+/// Connects with the shared database options and brings the schema up to date.
+pub async fn connect(db: &DbArgs) -> Result<Db> {
+    let settings = Settings::new(db.database_url.as_deref())?;
+    Db::connect(settings, Schema::new(&db.schema)).await
+}
+
+/// Writes to stdout, treating a closed pipe (`leasectl … | head`) as success.
+pub fn print(bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|_| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(anyhow::Error::new(e).context("cannot write to stdout")),
+        _ => Ok(()),
+    }
+}
+
+/// Pretty JSON and a newline on stdout.
+pub fn print_json(value: &serde_json::Value) -> Result<()> {
+    let mut s = serde_json::to_string_pretty(value)?;
+    s.push('\n');
+    print(s.as_bytes())
+}

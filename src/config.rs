@@ -1,0 +1,210 @@
+//! Raw flag values checked into the values the rest of the program trusts.
+//!
+//! The `parse_*` functions are clap value parsers, so a bad value is a one-line usage error
+//! naming the flag. [`RunConfig::new`] applies the rules that involve several flags, such as
+//! "two heartbeats plus the kill grace must fit inside the TTL", before anything connects.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use crate::cli::RunArgs;
+use crate::exit::usage;
+
+/// Longest accepted target, in Unicode scalar values.
+pub const MAX_TARGET_CHARS: usize = 200;
+/// Longest accepted schema name. PostgreSQL allows 63 bytes; the notification channels add a
+/// suffix to it and must stay within 63 themselves.
+pub const MAX_SCHEMA_BYTES: usize = 48;
+
+/// Parses `500ms`, `30s`, `2m`, `1h`, `1d` (and combinations such as `1h30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty duration (expected e.g. 500ms, 30s, 2m, 1h, 1d)".into());
+    }
+    if t.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("'{t}' has no unit (expected e.g. {t}s or {t}ms)"));
+    }
+    humantime::parse_duration(t)
+        .map_err(|e| format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)"))
+}
+
+/// `--wait` alone waits forever; `--wait=DUR` waits up to DUR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    Forever,
+    Upto(Duration),
+}
+
+pub fn parse_wait(s: &str) -> Result<Wait, String> {
+    if s == "forever" {
+        Ok(Wait::Forever)
+    } else {
+        parse_duration(s).map(Wait::Upto)
+    }
+}
+
+/// A target is 1–200 Unicode scalar values, none of them control characters.
+pub fn parse_target(s: &str) -> Result<String, String> {
+    let n = s.chars().count();
+    if n == 0 {
+        return Err("the target is empty (it needs 1 to 200 characters)".into());
+    }
+    if n > MAX_TARGET_CHARS {
+        return Err(format!("the target is {n} characters long (at most {MAX_TARGET_CHARS})"));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!("the target contains the control character {:?}", c));
+    }
+    Ok(s.to_owned())
+}
+
+/// A schema name: an ASCII letter or underscore, then letters, digits or underscores.
+///
+/// The name is always double-quoted in SQL, so case is kept exactly as given.
+pub fn parse_schema(s: &str) -> Result<String, String> {
+    let ok_first = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_rest = s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok_first || !ok_rest {
+        return Err(format!(
+            "'{s}' is not a valid schema name (use letters, digits and underscores, not starting with a digit)"
+        ));
+    }
+    if s.len() > MAX_SCHEMA_BYTES {
+        return Err(format!("the schema name is {} bytes long (at most {MAX_SCHEMA_BYTES})", s.len()));
+    }
+    if s.starts_with("pg_") {
+        return Err(format!("'{s}' is reserved by PostgreSQL (names starting with pg_ are)"));
+    }
+    Ok(s.to_owned())
+}
+
+/// Parses a byte count: `65536`, `64KiB`, `1MiB`, `1MB` (units are powers of 1024).
+pub fn parse_byte_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: usize = num.parse().map_err(|_| format!("'{t}' is not a size (expected e.g. 65536, 64KiB, 1MiB)"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("'{t}' has an unknown unit (use B, KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("'{t}' is too large"))
+}
+
+/// A `run` invocation, with defaults filled in and every cross-flag rule checked.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub target: String,
+    pub ttl: Duration,
+    pub heartbeat: Duration,
+    pub kill_after: Duration,
+    pub wait: Option<Wait>,
+    pub reuse_within: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub busy_exit_code: u8,
+    pub event_type: Option<String>,
+    pub quiet: bool,
+    pub capture_limit: usize,
+    pub command: Vec<OsString>,
+}
+
+impl RunConfig {
+    pub fn new(a: RunArgs) -> anyhow::Result<RunConfig> {
+        if a.ttl < Duration::from_millis(100) {
+            return Err(usage(format!(
+                "--ttl {} is too short (at least 100ms)",
+                humantime::format_duration(a.ttl)
+            )));
+        }
+        let heartbeat = a.heartbeat.unwrap_or(a.ttl / 4);
+        let kill_after = a.kill_after.unwrap_or_else(|| Duration::from_secs(10).min(a.ttl / 10));
+        if heartbeat.is_zero() {
+            return Err(usage("--heartbeat must be longer than 0"));
+        }
+        // The holder must be able to miss one heartbeat, notice at the next, and still have the
+        // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. SPEC makes anything
+        // tighter a usage error rather than a lease that silently cannot keep its promise.
+        if heartbeat * 2 + kill_after >= a.ttl {
+            return Err(usage(format!(
+                "--heartbeat {} and --kill-after {} do not fit in --ttl {} (need 2×heartbeat + kill-after < ttl)",
+                humantime::format_duration(heartbeat),
+                humantime::format_duration(kill_after),
+                humantime::format_duration(a.ttl),
+            )));
+        }
+        if a.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(usage("--timeout must be longer than 0"));
+        }
+        if a.command.first().is_none_or(|c| c.is_empty()) {
+            return Err(usage("no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)"));
+        }
+        let event_type = if a.no_event {
+            None
+        } else if a.event_type.trim().is_empty() {
+            return Err(usage("--event-type must not be empty (use --no-event for none)"));
+        } else {
+            Some(a.event_type)
+        };
+        Ok(RunConfig {
+            target: a.target,
+            ttl: a.ttl,
+            heartbeat,
+            kill_after,
+            wait: a.wait,
+            reuse_within: a.reuse_within,
+            timeout: a.timeout,
+            busy_exit_code: a.busy_exit_code,
+            event_type,
+            quiet: a.quiet,
+            capture_limit: a.capture_limit,
+            command: a.command,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1d"), Ok(Duration::from_secs(86400)));
+        assert!(parse_duration("5").unwrap_err().contains("no unit"));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn targets() {
+        assert!(parse_target("").is_err());
+        assert!(parse_target(&"x".repeat(201)).is_err());
+        assert!(parse_target(&"é".repeat(200)).is_ok());
+        assert!(parse_target("a\nb").is_err());
+        assert!(parse_target("nightly report/eu-1").is_ok());
+    }
+
+    #[test]
+    fn schemas() {
+        assert!(parse_schema("leasectl").is_ok());
+        assert!(parse_schema("My_Schema2").is_ok());
+        assert!(parse_schema("1abc").is_err());
+        assert!(parse_schema("a-b").is_err());
+        assert!(parse_schema("a\"; drop").is_err());
+        assert!(parse_schema("pg_catalog").is_err());
+        assert!(parse_schema(&"s".repeat(49)).is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_byte_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_byte_size("64k"), Ok(64 << 10));
+        assert_eq!(parse_byte_size("100"), Ok(100));
+        assert!(parse_byte_size("1XB").is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! Small formatting helpers for human-readable output.
+
+use std::time::Duration;
+
+/// A compact duration for tables and messages: `850ms`, `4.2s`, `3m07s`, `2h05m`, `3d04h`.
+pub fn duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    let s = d.as_secs();
+    match s {
+        _ if ms < 1000 => format!("{ms}ms"),
+        0..=59 => format!("{:.1}s", d.as_secs_f64()),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
+    }
+}
+
+/// Milliseconds from the database as a duration (negative values clamp to zero).
+pub fn millis(ms: i64) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+/// Left-aligned columns, two spaces apart, widths by the widest cell (in characters).
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (i, cell) in cells.enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            l.push_str(cell);
+            if i + 1 < widths.len() {
+                l.extend(std::iter::repeat_n(' ', widths[i].saturating_sub(cell.chars().count())));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(duration(Duration::from_millis(4200)), "4.2s");
+        assert_eq!(duration(Duration::from_secs(187)), "3m07s");
+        assert_eq!(duration(Duration::from_secs(7500)), "2h05m");
+        assert_eq!(duration(Duration::from_secs(3 * 86400 + 4 * 3600)), "3d04h");
+    }
+
+    #[test]
+    fn table_aligns() {
+        let t = table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    BB\nxyz  1\n");
+    }
+}

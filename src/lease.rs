@@ -1,0 +1,386 @@
+//! The heartbeat lease, as plain SQL judged by the database clock.
+//!
+//! One row per target (`leases`). Every transition is one statement whose WHERE names the
+//! holder's token, so a holder that was taken over or force-released touches 0 rows — and that
+//! *is* how it learns it lost (river's `river_leader.sql` works the same way). Expiry is always
+//! `heartbeat_at + ttl_ms < now()` on the server: the holder's own TTL, the database's clock.
+//!
+//! Statements use `query_typed`, which skips the separate prepare round trip; most of a short
+//! `leasectl run` is round trips.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+use crate::db::Schema;
+use crate::exit::ChildStatus;
+
+/// A lease we hold.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub target: String,
+    pub token: Uuid,
+    pub fence: i64,
+}
+
+/// Who holds a busy target, as the database sees it now.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    pub host: Option<String>,
+    pub pid: Option<i32>,
+    pub fence: i64,
+    pub ttl: Duration,
+    pub heartbeat_age: Duration,
+    /// Time left until the holder's TTL runs out (zero if already expired).
+    pub expires_in: Duration,
+}
+
+impl Holder {
+    pub fn describe(&self) -> String {
+        let who = match (&self.host, self.pid) {
+            (Some(h), Some(p)) => format!("{h} pid {p}"),
+            (Some(h), None) => h.clone(),
+            _ => "an unknown holder".into(),
+        };
+        format!(
+            "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
+            self.fence,
+            crate::fmt::duration(self.heartbeat_age),
+            crate::fmt::duration(self.ttl)
+        )
+    }
+}
+
+pub enum Acquired {
+    Held(Lease),
+    /// Someone else holds it. `None`: it was released between our attempt and our look at the
+    /// holder, so trying again at once is right.
+    Busy(Option<Holder>),
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Takes the lease if it is free or its holder's TTL has run out, in one statement.
+///
+/// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
+/// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
+pub async fn acquire(client: &Client, schema: &Schema, target: &str, ttl: Duration, host: &str, pid: i32) -> Result<Acquired> {
+    let token = Uuid::new_v4();
+    let sql = schema.sql(
+        "INSERT INTO {s}.leases AS l
+                (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host, holder_pid)
+         VALUES ($1, $2, 1, $3, now(), now(), $4, $5)
+         ON CONFLICT (target) DO UPDATE
+            SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                heartbeat_at = now(), acquired_at = now(),
+                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
+          WHERE l.token IS NULL
+             OR l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now()
+         RETURNING fence",
+    );
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+        (&target, Type::TEXT),
+        (&token, Type::UUID),
+        (&ms(ttl), Type::INT8),
+        (&host, Type::TEXT),
+        (&pid, Type::INT4),
+    ];
+    let rows = client.query_typed(&sql, &params).await.context("cannot acquire the lease")?;
+    if let Some(row) = rows.first() {
+        return Ok(Acquired::Held(Lease { target: target.to_owned(), token, fence: row.get(0) }));
+    }
+    Ok(Acquired::Busy(holder(client, schema, target).await?))
+}
+
+/// The live holder of `target`, if any.
+pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
+    let sql = schema.sql(
+        "SELECT holder_host, holder_pid, fence, ttl_ms,
+                greatest(0, (extract(epoch FROM now() - heartbeat_at) * 1000))::int8 AS age_ms
+           FROM {s}.leases
+          WHERE target = $1 AND token IS NOT NULL",
+    );
+    let rows = client.query_typed(&sql, &[(&target, Type::TEXT)]).await.context("cannot read the lease")?;
+    Ok(rows.first().map(|r| {
+        let ttl_ms: i64 = r.get(3);
+        let age_ms: i64 = r.get(4);
+        Holder {
+            host: r.get(0),
+            pid: r.get(1),
+            fence: r.get(2),
+            ttl: Duration::from_millis(ttl_ms.max(0) as u64),
+            heartbeat_age: Duration::from_millis(age_ms.max(0) as u64),
+            expires_in: Duration::from_millis((ttl_ms - age_ms).max(0) as u64),
+        }
+    }))
+}
+
+/// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
+/// or force-released, and the holder must stop at once.
+pub async fn heartbeat(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool, tokio_postgres::Error> {
+    let sql = schema.sql("UPDATE {s}.leases SET heartbeat_at = now() WHERE target = $1 AND token = $2");
+    let n = client.execute_typed(&sql, &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)]).await?;
+    Ok(n == 1)
+}
+
+/// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
+pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
+    let sql = schema.sql(
+        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
+          WHERE target = $1 AND token = $2
+         RETURNING pg_notify($3, target)",
+    );
+    let channel = schema.lease_channel();
+    let rows = client
+        .query_typed(&sql, &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID), (&channel, Type::TEXT)])
+        .await
+        .context("cannot release the lease")?;
+    Ok(!rows.is_empty())
+}
+
+/// Operator override: frees `target` whoever holds it. Returns the holder it had, if any.
+/// The fence is kept, so the next acquisition is still numbered higher.
+pub async fn force_release(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
+    let before = holder(client, schema, target).await?;
+    let sql = schema.sql(
+        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
+          WHERE target = $1 AND token IS NOT NULL
+         RETURNING pg_notify($2, target)",
+    );
+    let channel = schema.lease_channel();
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&channel, Type::TEXT)])
+        .await
+        .context("cannot release the lease")?;
+    Ok(if rows.is_empty() { None } else { before })
+}
+
+/// How a run ended, as stored in `runs.outcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    TimedOut,
+    Interrupted,
+    Lost,
+    ExecFailed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Interrupted => "interrupted",
+            Outcome::Lost => "lost",
+            Outcome::ExecFailed => "exec_failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Outcome> {
+        Some(match s {
+            "completed" => Outcome::Completed,
+            "timed_out" => Outcome::TimedOut,
+            "interrupted" => Outcome::Interrupted,
+            "lost" => Outcome::Lost,
+            "exec_failed" => Outcome::ExecFailed,
+            _ => return None,
+        })
+    }
+}
+
+/// Everything stored about one run.
+#[derive(Debug)]
+pub struct RunRecord<'a> {
+    pub id: Uuid,
+    pub outcome: Outcome,
+    /// `None` when the command never started (exec failure).
+    pub status: Option<ChildStatus>,
+    /// For `exec_failed`: 126 or 127.
+    pub exit_code_override: Option<i32>,
+    pub argv: Vec<String>,
+    pub host: &'a str,
+    pub pid: i32,
+    /// How long the command ran, by the local monotonic clock; `started_at` is stored as the
+    /// database's `now()` minus this, so both timestamps are on the database clock.
+    pub elapsed: Duration,
+    pub stdout: &'a [u8],
+    pub stderr: &'a [u8],
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub error: Option<String>,
+}
+
+/// The result of the fenced save.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Saved {
+    /// Run (and event) stored and lease released, all in one transaction.
+    Stored,
+    /// The token no longer matched: nothing was stored by this call.
+    NotOwner,
+}
+
+const INSERT_RUN: &str = "
+    INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
+                          exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() - $9 * interval '1 millisecond', now(),
+            $10, $11, $12, $13, $14, $15, $16)";
+
+/// Stores the run, its outbox event (unless `event_type` is `None`) and releases the lease — in
+/// one transaction that first locks the lease row `FOR UPDATE` and re-checks the token. Between
+/// the check and the commit nobody can take the lease over (they would block on the row lock),
+/// so a holder that was taken over can never write a result or an event.
+///
+/// `retrying` makes the call idempotent after a connection lost mid-commit: if the run id is
+/// already stored, the earlier attempt committed.
+pub async fn save_fenced(
+    client: &mut Client,
+    schema: &Schema,
+    lease: &Lease,
+    run: &RunRecord<'_>,
+    event_type: Option<&str>,
+    retrying: bool,
+) -> Result<Saved> {
+    let tx = client.transaction().await?;
+    if retrying {
+        let done = tx
+            .query_typed(&schema.sql("SELECT 1 FROM {s}.runs WHERE id = $1"), &[(&run.id, Type::UUID)])
+            .await?;
+        if !done.is_empty() {
+            return Ok(Saved::Stored);
+        }
+    }
+    let owner = tx
+        .query_typed(
+            &schema.sql("SELECT fence FROM {s}.leases WHERE target = $1 AND token = $2 FOR UPDATE"),
+            &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)],
+        )
+        .await?;
+    if owner.is_empty() {
+        return Ok(Saved::NotOwner);
+    }
+    insert_run(&tx, schema, lease, run).await?;
+    if let Some(event_type) = event_type {
+        // The payload is built by the database from the row just written, so its timestamps are
+        // exactly the stored ones.
+        let sql = schema.sql(
+            "INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
+             SELECT 'leasectl.target', r.target, $2, jsonb_build_object(
+                        'run_id', r.id, 'target', r.target, 'fence', r.fence, 'outcome', r.outcome,
+                        'exit_code', r.exit_code, 'signal', r.signal,
+                        'started_at', {s}.rfc3339(r.started_at), 'finished_at', {s}.rfc3339(r.finished_at),
+                        'duration_ms', round(extract(epoch FROM r.finished_at - r.started_at) * 1000)::int8,
+                        'host', r.host, 'pid', r.pid, 'argv', to_jsonb(r.argv),
+                        'stdout_bytes', length(r.stdout), 'stdout_truncated', r.stdout_truncated,
+                        'stderr_bytes', length(r.stderr), 'stderr_truncated', r.stderr_truncated)
+               FROM {s}.runs r WHERE r.id = $1",
+        );
+        tx.execute_typed(&sql, &[(&run.id, Type::UUID), (&event_type, Type::TEXT)]).await?;
+    }
+    let channel = schema.lease_channel();
+    tx.query_typed(
+        &schema.sql(
+            "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
+              WHERE target = $1 AND token = $2
+             RETURNING pg_notify($3, target)",
+        ),
+        &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID), (&channel, Type::TEXT)],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Saved::Stored)
+}
+
+/// Records a run that lost its lease (outcome `lost`), without any lease check and without an
+/// event: the operator keeps its output (a rotated token printed by a fenced-out refresh must
+/// not vanish), but nothing downstream hears of it and `--reuse-within` never returns it.
+pub async fn record_lost(client: &Client, schema: &Schema, lease: &Lease, run: &RunRecord<'_>) -> Result<()> {
+    let sql = schema.sql(&format!("{INSERT_RUN} ON CONFLICT (id) DO NOTHING"));
+    execute_insert(client, &sql, lease, run).await.context("cannot record the lost run")?;
+    Ok(())
+}
+
+async fn insert_run(client: &tokio_postgres::Transaction<'_>, schema: &Schema, lease: &Lease, run: &RunRecord<'_>) -> Result<()> {
+    execute_insert(client, &schema.sql(INSERT_RUN), lease, run).await?;
+    Ok(())
+}
+
+async fn execute_insert<C: tokio_postgres::GenericClient>(client: &C, sql: &str, lease: &Lease, run: &RunRecord<'_>) -> Result<(), tokio_postgres::Error> {
+    let exit_code = run.exit_code_override.or_else(|| run.status.and_then(ChildStatus::code));
+    let signal = run.status.and_then(ChildStatus::signal);
+    let outcome = run.outcome.as_str();
+    let elapsed = ms(run.elapsed);
+    let params: [(&(dyn ToSql + Sync), Type); 16] = [
+        (&run.id, Type::UUID),
+        (&lease.target, Type::TEXT),
+        (&lease.fence, Type::INT8),
+        (&lease.token, Type::UUID),
+        (&outcome, Type::TEXT),
+        (&run.argv, Type::TEXT_ARRAY),
+        (&run.host, Type::TEXT),
+        (&run.pid, Type::INT4),
+        (&elapsed, Type::INT8),
+        (&exit_code, Type::INT4),
+        (&signal, Type::INT4),
+        (&run.stdout, Type::BYTEA),
+        (&run.stderr, Type::BYTEA),
+        (&run.stdout_truncated, Type::BOOL),
+        (&run.stderr_truncated, Type::BOOL),
+        (&run.error, Type::TEXT),
+    ];
+    client.execute_typed(sql, &params).await?;
+    Ok(())
+}
+
+/// A stored run whose stdout another caller may print instead of running.
+#[derive(Debug)]
+pub struct Reusable {
+    pub id: Uuid,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: Vec<u8>,
+}
+
+/// The newest successful run (exit 0, stdout stored whole) that finished less than `within` ago.
+pub async fn reusable(client: &Client, schema: &Schema, target: &str, within: Duration) -> Result<Option<Reusable>> {
+    let sql = schema.sql(
+        "SELECT id, outcome, exit_code, signal, stdout FROM {s}.runs
+          WHERE target = $1 AND outcome = 'completed' AND exit_code = 0 AND NOT stdout_truncated
+            AND finished_at > now() - $2 * interval '1 millisecond'
+          ORDER BY finished_at DESC LIMIT 1",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&ms(within), Type::INT8)])
+        .await
+        .context("cannot look up a reusable run")?;
+    Ok(rows.first().map(reusable_from_row))
+}
+
+/// The run stored by the acquisition numbered `fence`, if it has finished.
+pub async fn run_by_fence(client: &Client, schema: &Schema, target: &str, fence: i64) -> Result<Option<(Reusable, bool)>> {
+    let sql = schema.sql(
+        "SELECT id, outcome, exit_code, signal, stdout, stdout_truncated FROM {s}.runs
+          WHERE target = $1 AND fence = $2 ORDER BY finished_at DESC LIMIT 1",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&fence, Type::INT8)])
+        .await
+        .context("cannot look up the awaited run")?;
+    Ok(rows.first().map(|r| (reusable_from_row(r), r.get::<_, bool>(5))))
+}
+
+fn reusable_from_row(r: &tokio_postgres::Row) -> Reusable {
+    let outcome: &str = r.get(1);
+    Reusable {
+        id: r.get(0),
+        outcome: Outcome::parse(outcome).unwrap_or(Outcome::Completed),
+        exit_code: r.get(2),
+        signal: r.get(3),
+        stdout: r.get(4),
+    }
+}

@@ -1,0 +1,28 @@
+//! leasectl: run a command at most once at a time per target, with PostgreSQL as the only
+//! coordinator.
+//!
+//! How a `leasectl run` flows through the modules:
+//!
+//! * [`cli`] parses flags (values checked there), [`config`] turns them into a [`config::RunConfig`]
+//!   with the cross-flag rules applied — all before anything connects.
+//! * [`db`] finds the database like libpq does, connects ([`tls`] for encrypted links) and
+//!   migrates the schema under an advisory lock.
+//! * [`lease`] holds every SQL statement of the lease: acquire, heartbeat, release and the
+//!   fenced save that stores the run and its outbox event only while the token still matches.
+//! * [`supervise`] owns the child process: its process group, output capture, signals, the
+//!   stop with grace, and the watchdog that kills it if leasectl dies.
+//! * [`cmd::run`] ties them together; the other [`cmd`] modules are the operator commands.
+//! * [`exit`] lists every exit code; `main.rs` maps the outcome to one and prints errors once.
+
+pub mod cli;
+pub mod cmd;
+pub mod config;
+pub mod db;
+pub mod exit;
+pub mod fmt;
+pub mod lease;
+#[macro_use]
+pub mod log;
+pub mod signals;
+pub mod supervise;
+pub mod tls;

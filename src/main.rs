@@ -1,0 +1,68 @@
+//! The `leasectl` binary: parse, run, map the outcome to an exit code, print any error once.
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+use leasectl::cli::Cli;
+use leasectl::exit::Exit;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(e),
+    };
+    leasectl::log::set_verbose(cli.db.verbose);
+    // One thread is enough (the work is waiting on a socket and a child) and keeps a holding
+    // leasectl small. It also matters for PR_SET_PDEATHSIG: the child is forked from this
+    // thread, which lives exactly as long as the run.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("leasectl: cannot start the runtime: {e}");
+            return ExitCode::from(Exit::INTERNAL);
+        }
+    };
+    let exit = match runtime.block_on(leasectl::cmd::dispatch(cli)) {
+        Ok(exit) => exit,
+        Err(err) => {
+            eprintln!("leasectl: {}", one_line(&format!("{err:#}")));
+            Exit::from_error(&err)
+        }
+    };
+    // Do not wait for blocking-pool threads (stdin readers and the like).
+    runtime.shutdown_background();
+    ExitCode::from(exit.code())
+}
+
+/// Usage errors as one line (clap's own text, without the usage block), exit 2;
+/// `--help` and `--version` as clap prints them, exit 0.
+fn clap_error(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            let code = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { Exit::USAGE } else { 0 };
+            ExitCode::from(code)
+        }
+        _ => {
+            let text = e.render().to_string();
+            let body = text.split("\nUsage:").next().unwrap_or(&text);
+            let body = body.split("\nFor more information").next().unwrap_or(body);
+            let body = body.trim().trim_start_matches("error:").trim();
+            eprintln!("leasectl: {} (see --help)", one_line(body));
+            ExitCode::from(Exit::USAGE)
+        }
+    }
+}
+
+/// Folds a possibly multi-line message (PostgreSQL DETAIL/HINT, clap lists) into one line.
+fn one_line(s: &str) -> String {
+    let mut out = String::new();
+    for line in s.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            out.push_str(if out.ends_with(':') { " " } else { "; " });
+        }
+        out.push_str(line);
+    }
+    out
+}

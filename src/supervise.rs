@@ -1,0 +1,344 @@
+//! The child process: spawn, stream and capture its output, signal it, stop it with a grace.
+//!
+//! One owner ([`Child`]) holds the process, like watchexec's supervisor: the run loop asks it to
+//! wait, signal or stop, and nothing else touches the pid. The child gets its own process group
+//! so a stop reaches everything it started, and it cannot outlive leasectl:
+//!
+//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
+//!   it to the *thread*, so we fork from the runtime's main thread (leasectl runs a
+//!   current-thread runtime), never from a pooled thread that could retire mid-run.
+//! * a [`Watchdog`] process kills the whole group if leasectl vanishes (even `kill -9`), which
+//!   also covers grandchildren such as the commands of a `sh -c` pipeline.
+
+use std::ffi::OsString;
+use std::io::{self, IsTerminal};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+use crate::exit::ChildStatus;
+
+/// What a stream of the child produced, up to the capture limit.
+#[derive(Debug, Default)]
+pub struct Capture {
+    pub bytes: Vec<u8>,
+    pub truncated: bool,
+}
+
+/// Why the command could not be started.
+#[derive(Debug)]
+pub struct SpawnError {
+    /// 127 for "not found", 126 for "found but not executable".
+    pub exit_code: u8,
+    pub message: String,
+}
+
+pub struct Spec<'a> {
+    pub argv: &'a [OsString],
+    pub env: Vec<(&'static str, String)>,
+    pub echo: bool,
+    pub capture_limit: usize,
+}
+
+/// The running child and the tasks pumping its output.
+pub struct Child {
+    child: tokio::process::Child,
+    pgid: Pid,
+    status: Option<ExitStatus>,
+    stdout: Pump,
+    stderr: Pump,
+    watchdog: Option<Watchdog>,
+    terminal: Option<Terminal>,
+}
+
+/// How long to keep reading output after the child exited, in case something it left behind
+/// still holds the pipe open.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
+
+impl Child {
+    pub fn spawn(spec: Spec<'_>) -> Result<Child, SpawnError> {
+        let (program, args) = spec.argv.split_first().expect("RunConfig guarantees a command");
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(false);
+        let terminal = Terminal::foreground();
+        let parent = nix::unistd::getpid();
+        let hand_over_tty = terminal.is_some();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, signal, tcsetpgrp, getpid,
+        // _exit) run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // leasectl may have died between fork and prctl: then nobody would kill us.
+                if libc::getppid() != parent.as_raw() {
+                    libc::_exit(1);
+                }
+                if hand_over_tty {
+                    // Interactive use: make our new group the terminal's foreground group so the
+                    // command can read the terminal (a background group reading it is stopped
+                    // by SIGTTIN). SIGTTOU must be ignored to do this from a background group.
+                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| spawn_error(program, &e))?;
+        let pid = child.id().expect("a just-spawned child has a pid");
+        let pgid = Pid::from_raw(pid as i32);
+        let watchdog = Watchdog::arm(pgid).ok();
+        let out = child.stdout.take().expect("stdout is piped");
+        let err = child.stderr.take().expect("stderr is piped");
+        let limit = spec.capture_limit;
+        let stdout = Pump::start(out, spec.echo.then(tokio::io::stdout), limit);
+        let stderr = Pump::start(err, spec.echo.then(tokio::io::stderr), limit);
+        Ok(Child { child, pgid, status: None, stdout, stderr, watchdog, terminal })
+    }
+
+    /// Waits for the direct child to exit. Cancel-safe; returns the same status once known.
+    pub async fn wait(&mut self) -> ExitStatus {
+        if let Some(s) = self.status {
+            return s;
+        }
+        let status = match self.child.wait().await {
+            Ok(s) => s,
+            // wait(2) can only fail if the child was reaped elsewhere; report a generic failure.
+            Err(_) => std::os::unix::process::ExitStatusExt::from_raw(1 << 8),
+        };
+        self.status = Some(status);
+        status
+    }
+
+    /// Sends `sig` to the child's whole process group.
+    pub fn signal(&self, sig: Signal) {
+        let _ = killpg(self.pgid, sig);
+    }
+
+    /// Stop: `first` to the group, SIGKILL after `grace` if the child is still there, then
+    /// SIGKILL to whatever of the group remains. Returns the child's status.
+    pub async fn stop(&mut self, first: Signal, grace: Duration) -> ExitStatus {
+        self.signal(first);
+        let status = match tokio::time::timeout(grace, self.wait()).await {
+            Ok(s) => s,
+            Err(_) => {
+                self.signal(Signal::SIGKILL);
+                self.wait().await
+            }
+        };
+        self.kill_leftovers();
+        status
+    }
+
+    /// SIGKILL to the group right now (the lease is gone; no grace left).
+    pub async fn kill_now(&mut self) -> ExitStatus {
+        self.signal(Signal::SIGKILL);
+        self.wait().await
+    }
+
+    /// Kills processes the child left behind in its group.
+    pub fn kill_leftovers(&self) {
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+    }
+
+    /// Collects the captured output. Call after the child exited.
+    ///
+    /// Waits for end of file on both pipes; a process the child left behind may hold them open,
+    /// so reading stops once nothing has arrived for [`DRAIN_AFTER_EXIT`].
+    pub async fn finish(mut self) -> (Capture, Capture) {
+        let out = self.stdout.drain().await;
+        let err = self.stderr.drain().await;
+        if let Some(t) = self.terminal.take() {
+            t.restore();
+        }
+        if let Some(w) = self.watchdog.take() {
+            w.disarm();
+        }
+        (out, err)
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if let Some(t) = self.terminal.take() {
+            t.restore();
+        }
+        if let Some(w) = self.watchdog.take() {
+            w.disarm();
+        }
+    }
+}
+
+/// One output stream of the child, copied to ours (unless quiet) and into a capped buffer.
+struct Pump {
+    task: JoinHandle<()>,
+    capture: Arc<Mutex<Capture>>,
+    /// Bytes seen so far, to tell a stream that is still flowing from one held open idly.
+    seen: Arc<AtomicU64>,
+}
+
+impl Pump {
+    fn start<R, W>(from: R, echo: Option<W>, limit: usize) -> Pump
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let capture = Arc::new(Mutex::new(Capture::default()));
+        let seen = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(pump(from, echo, limit, capture.clone(), seen.clone()));
+        Pump { task, capture, seen }
+    }
+
+    async fn drain(&mut self) -> Capture {
+        loop {
+            let before = self.seen.load(Ordering::Relaxed);
+            if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.task).await.is_ok() {
+                break;
+            }
+            if self.seen.load(Ordering::Relaxed) == before {
+                self.task.abort();
+                break;
+            }
+        }
+        std::mem::take(&mut *self.capture.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+async fn pump<R, W>(mut from: R, mut echo: Option<W>, limit: usize, capture: Arc<Mutex<Capture>>, seen: Arc<AtomicU64>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        seen.fetch_add(n as u64, Ordering::Relaxed);
+        let chunk = &buf[..n];
+        if let Some(w) = echo.as_mut() {
+            // A reader that went away (EPIPE) must not stop the capture or the child.
+            if w.write_all(chunk).await.is_err() || w.flush().await.is_err() {
+                echo = None;
+            }
+        }
+        let mut cap = capture.lock().unwrap_or_else(|p| p.into_inner());
+        let room = limit.saturating_sub(cap.bytes.len());
+        if n > room {
+            cap.truncated = true;
+        }
+        cap.bytes.extend_from_slice(&chunk[..n.min(room)]);
+    }
+}
+
+fn spawn_error(program: &OsString, e: &io::Error) -> SpawnError {
+    let exit_code = if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 };
+    SpawnError { exit_code, message: format!("cannot run '{}': {e}", program.to_string_lossy()) }
+}
+
+/// Maps a child's status to the stored form.
+pub fn child_status(s: ExitStatus) -> ChildStatus {
+    ChildStatus::from_exit_status(s)
+}
+
+/// A forked process that SIGKILLs the child's process group when leasectl dies.
+///
+/// It blocks reading a pipe whose only write end leasectl holds. End of file means leasectl
+/// is gone (however it died) and the group is killed; a byte means "stand down". Between fork
+/// and `_exit` it makes only async-signal-safe system calls, so forking from a multi-threaded
+/// process is sound.
+struct Watchdog {
+    write: OwnedFd,
+    pid: Pid,
+}
+
+impl Watchdog {
+    fn arm(pgid: Pid) -> io::Result<Watchdog> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let read_fd = read.as_raw_fd();
+        let write_fd = write.as_raw_fd();
+        // SAFETY: the child branch only calls async-signal-safe functions and ends in _exit.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => unsafe {
+                libc::close(write_fd);
+                // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::dup2(null, 1);
+                    libc::dup2(null, 2);
+                }
+                let keep = if read_fd == 3 { 3 } else { libc::dup2(read_fd, 3) };
+                libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
+                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGPIPE] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                let mut byte = 0u8;
+                loop {
+                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
+                    if n < 0 && *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    if n != 1 {
+                        libc::kill(-pgid.as_raw(), libc::SIGKILL);
+                    }
+                    libc::_exit(0);
+                }
+            },
+            pid => {
+                drop(read);
+                Ok(Watchdog { write, pid: Pid::from_raw(pid) })
+            }
+        }
+    }
+
+    /// Tells the watchdog to exit without killing, and reaps it.
+    fn disarm(self) {
+        let _ = nix::unistd::write(&self.write, b"x");
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
+}
+
+/// The terminal handed to an interactive child, given back when it is done.
+struct Terminal;
+
+impl Terminal {
+    /// `Some` when stdin is a terminal and leasectl is in its foreground process group.
+    fn foreground() -> Option<Terminal> {
+        let stdin = io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        // SAFETY: a plain system call on fd 0.
+        let fg = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) };
+        (fg == nix::unistd::getpgrp().as_raw()).then_some(Terminal)
+    }
+
+    fn restore(self) {
+        // SAFETY: plain system calls; SIGTTOU is ignored around tcsetpgrp because leasectl is
+        // a background group of this terminal until the call succeeds.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+}
