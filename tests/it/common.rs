@@ -1,0 +1,201 @@
+//! Test harness: a fresh schema per test in a shared test database, and a command builder.
+//!
+//! Every test calls [`Env::new`], which picks a unique schema name; leasectl creates it on first
+//! use (migrations run implicitly) and [`Env`]'s drop removes it, so tests run in parallel and
+//! never see each other's rows. The database comes from `LEASECTL_TEST_DATABASE_URL`, else
+//! `dbname=leasectl_test` on the local socket as the current user (created when missing).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use leasectl::db::Settings;
+
+/// Generous upper bound for "soon" in a loaded CI machine; tests wait on conditions, so a
+/// healthy run never comes near it.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+pub fn database_url() -> String {
+    std::env::var("LEASECTL_TEST_DATABASE_URL").unwrap_or_else(|_| "dbname=leasectl_test".to_owned())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Creates the test database once per process when the default URL is used.
+fn ensure_database() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if std::env::var("LEASECTL_TEST_DATABASE_URL").is_ok() {
+            return;
+        }
+        runtime().block_on(async {
+            let settings = Settings::new(Some("dbname=postgres")).unwrap();
+            let client = settings.open_client().await.expect("cannot reach PostgreSQL for tests (see README: Tests)");
+            if let Err(e) = client.batch_execute("CREATE DATABASE leasectl_test").await {
+                let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
+                // 42P04: exists; 23505: a parallel test process created it at the same moment.
+                assert!(code == "42P04" || code == "23505", "cannot create the test database: {e}");
+            }
+        });
+    });
+}
+
+pub struct Env {
+    pub schema: String,
+    pub url: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        ensure_database();
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple().to_string().get(..16).unwrap());
+        Env { schema, url: database_url(), dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// `leasectl --database-url … --schema …` as a std Command (spawnable, for concurrency).
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env_remove("DATABASE_URL")
+            .arg("--database-url")
+            .arg(&self.url)
+            .arg("--schema")
+            .arg(&self.schema)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs leasectl with `args` to completion.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command().args(args).output().unwrap()
+    }
+
+    /// Spawns leasectl with `args`, output piped.
+    pub fn spawn(&self, args: &[&str]) -> std::process::Child {
+        self.command().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Runs SQL in this test's schema (search_path set) and returns every row as text.
+    pub fn sql(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let url = self.url.clone();
+        let full = format!("SET search_path = \"{}\"; {sql}", self.schema);
+        runtime().block_on(async move {
+            let client = Settings::new(Some(&url)).unwrap().open_client().await.unwrap();
+            let msgs = client.simple_query(&full).await.unwrap_or_else(|e| panic!("{full}: {e:?}"));
+            msgs.into_iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+    }
+
+    /// The single value of a one-row, one-column query.
+    pub fn scalar(&self, sql: &str) -> String {
+        let rows = self.sql(sql);
+        assert_eq!(rows.len(), 1, "{sql} returned {} rows", rows.len());
+        rows[0][0].clone().unwrap_or_default()
+    }
+
+    /// `leasectl status --json`, parsed.
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.run(&["status", "--json"]);
+        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
+        runtime().block_on(async move {
+            if let Ok(c) = Settings::new(Some(&url)).unwrap().open_client().await {
+                let _ = c.batch_execute(&drop).await;
+            }
+        });
+    }
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_leasectl"))
+}
+
+/// Polls `cond` every 20ms until it holds; panics with `what` after [`PATIENCE`].
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a file to exist and returns its trimmed contents.
+pub fn wait_for_file(path: &Path) -> String {
+    wait_for(&format!("{}", path.display()), || path.exists() && !std::fs::read_to_string(path).unwrap_or_default().is_empty());
+    std::fs::read_to_string(path).unwrap().trim().to_owned()
+}
+
+/// True while a process with this pid exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+pub fn kill(pid: u32, sig: i32) {
+    // SAFETY: plain kill(2).
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Waits for a spawned leasectl and returns its output, panicking after [`PATIENCE`].
+pub fn finish(mut child: std::process::Child) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("leasectl did not exit in time: {:?}", child.wait_with_output().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Asserts a failing command printed exactly one line to stderr, naming `needle`, no panic.
+pub fn assert_one_line_error(o: &Output, expected_code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(code(o), expected_code, "stderr: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "expected one line, got: {err:?}");
+    assert!(err.contains(needle), "expected {needle:?} in {err:?}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{err}");
+}
