@@ -199,3 +199,48 @@ pub fn assert_one_line_error(o: &Output, expected_code: i32, needle: &str) {
     assert!(err.contains(needle), "expected {needle:?} in {err:?}");
     assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{err}");
 }
+
+/// A spawned leasectl whose stderr is collected by a thread, so a test can wait for a message
+/// (e.g. `-v`'s "waiting for …") while the process runs.
+pub struct Watched {
+    pub child: std::process::Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watched {
+    pub fn new(mut child: std::process::Child) -> Watched {
+        use std::io::Read;
+        let mut pipe = child.stderr.take().expect("stderr must be piped");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Watched { child, stderr, reader: Some(reader) }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn wait_for_stderr(&self, needle: &str) {
+        wait_for(&format!("{needle:?} on stderr"), || self.stderr().contains(needle));
+    }
+
+    /// Waits for exit; returns the output with the collected stderr.
+    pub fn finish(mut self) -> Output {
+        let mut out = finish(std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap()));
+        if let Some(r) = self.reader.take() {
+            r.join().unwrap();
+        }
+        out.stderr = self.stderr().into_bytes();
+        out
+    }
+}
