@@ -1,1 +1,121 @@
+//! `--reuse-within` and `--wait` as a cross-process singleflight (the OAuth refresh case).
+
 use crate::common::*;
+use crate::lease::wait_for_file_exists;
+
+/// A command that counts its runs in `count` and prints a value unique to this run.
+fn refresh_script(env: &Env, extra: &str) -> String {
+    format!("echo ran >> '{}'; {extra} echo token-$LEASECTL_FENCE-$$", env.path("count").display())
+}
+
+fn runs_counted(env: &Env) -> usize {
+    std::fs::read_to_string(env.path("count")).map(|s| s.lines().count()).unwrap_or(0)
+}
+
+#[test]
+fn eight_concurrent_waiting_callers_run_the_command_once_and_print_the_same_output() {
+    let env = Env::new();
+    let script = refresh_script(&env, "sleep 0.5;");
+    let children: Vec<_> = (0..8)
+        .map(|_| env.spawn(&["run", "--target", "oauth", "--wait", "--reuse-within", "1m", "--", "sh", "-c", &script]))
+        .collect();
+    let outputs: Vec<_> = children.into_iter().map(finish).collect();
+    for o in &outputs {
+        assert_eq!(code(o), 0, "{}", stderr(o));
+    }
+    let first = stdout(&outputs[0]);
+    assert!(first.starts_with("token-1-"), "{first:?}");
+    assert!(outputs.iter().all(|o| stdout(o) == first), "outputs differ: {:?}", outputs.iter().map(stdout).collect::<Vec<_>>());
+    assert_eq!(runs_counted(&env), 1);
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
+}
+
+#[test]
+fn a_fresh_result_is_reused_and_an_expired_window_runs_again() {
+    let env = Env::new();
+    let script = refresh_script(&env, "");
+    let first = env.run(&["run", "--target", "tok", "--", "sh", "-c", &script]);
+    assert_eq!(code(&first), 0);
+    let reused = env.run(&["run", "--target", "tok", "--reuse-within", "1h", "--", "sh", "-c", &script]);
+    assert_eq!(code(&reused), 0);
+    assert_eq!(stdout(&reused), stdout(&first));
+    assert_eq!(runs_counted(&env), 1);
+
+    wait_for("the stored run to age past 300ms", || {
+        env.scalar("SELECT bool_and(finished_at < now() - interval '300 milliseconds') FROM runs") == "t"
+    });
+    let fresh = env.run(&["run", "--target", "tok", "--reuse-within", "300ms", "--", "sh", "-c", &script]);
+    assert_eq!(code(&fresh), 0);
+    assert_ne!(stdout(&fresh), stdout(&first));
+    assert_eq!(runs_counted(&env), 2);
+}
+
+#[test]
+fn a_failed_run_is_not_reused_by_a_caller_that_did_not_wait_for_it() {
+    let env = Env::new();
+    let fail = refresh_script(&env, "exit 3;");
+    assert_eq!(code(&env.run(&["run", "--target", "f", "--", "sh", "-c", &fail])), 3);
+    let ok = refresh_script(&env, "");
+    let o = env.run(&["run", "--target", "f", "--reuse-within", "1h", "--", "sh", "-c", &ok]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(runs_counted(&env), 2);
+}
+
+/// Starts a holder that blocks until `gate` exists, then runs `tail`; returns once it holds.
+fn gated_holder(env: &Env, tail: &str) -> std::process::Child {
+    let started = env.path("started");
+    let script = format!(
+        "echo ran >> '{count}'; touch '{started}'; while [ ! -e '{gate}' ]; do sleep 0.02; done; {tail}",
+        count = env.path("count").display(),
+        started = started.display(),
+        gate = env.path("gate").display(),
+    );
+    let holder = env.spawn(&["run", "--target", "sf", "--", "sh", "-c", &script]);
+    wait_for_file_exists(&started);
+    holder
+}
+
+/// Starts `n` waiting singleflight callers and returns once all are in their wait loop.
+fn waiters(env: &Env, n: usize) -> Vec<Watched> {
+    let script = refresh_script(env, "");
+    let ws: Vec<_> = (0..n)
+        .map(|_| Watched::new(env.spawn(&["run", "-v", "--target", "sf", "--wait", "--reuse-within", "1m", "--", "sh", "-c", &script])))
+        .collect();
+    for w in &ws {
+        w.wait_for_stderr("waiting for 'sf'");
+    }
+    ws
+}
+
+#[test]
+fn waiters_share_the_failure_of_the_run_they_waited_for() {
+    let env = Env::new();
+    let holder = gated_holder(&env, "echo refresh-failed; exit 3");
+    let ws = waiters(&env, 3);
+    std::fs::write(env.path("gate"), "").unwrap();
+    assert_eq!(code(&finish(holder)), 3);
+    for w in ws {
+        let o = w.finish();
+        assert_eq!(code(&o), 3, "{}", stderr(&o));
+        assert_eq!(stdout(&o), "refresh-failed\n");
+    }
+    assert_eq!(runs_counted(&env), 1);
+}
+
+#[test]
+fn after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all() {
+    let env = Env::new();
+    let holder = gated_holder(&env, "true");
+    let ws = waiters(&env, 3);
+    kill(holder.id(), libc::SIGTERM);
+    assert_eq!(code(&finish(holder)), 143);
+    let outs: Vec<_> = ws.into_iter().map(Watched::finish).collect();
+    for o in &outs {
+        assert_eq!(code(o), 0, "{}", stderr(o));
+    }
+    assert!(stdout(&outs[0]).starts_with("token-2-"), "{}", stdout(&outs[0]));
+    assert!(outs.iter().all(|o| stdout(o) == stdout(&outs[0])));
+    // The interrupted holder plus exactly one waiter ran.
+    assert_eq!(runs_counted(&env), 2);
+    assert_eq!(env.scalar("SELECT string_agg(outcome, ',' ORDER BY fence) FROM runs"), "interrupted,completed");
+}
