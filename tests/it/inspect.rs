@@ -1,1 +1,147 @@
+//! What operators use to see and fix things: status, runs, output, release, migrate, and the
+//! schema handling underneath (isolation, concurrent first use, a newer schema refused).
+
 use crate::common::*;
+use crate::lease::wait_for_file_exists;
+
+#[test]
+fn status_json_has_the_documented_keys_for_held_and_free_targets() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["run", "--target", "done", "--", "sh", "-c", "exit 4"])), 4);
+    let started = env.path("started");
+    let holder = env.spawn(&["run", "--target", "busy", "--ttl", "1m", "--", "sh", "-c", &format!("touch '{}'; sleep 30", started.display())]);
+    wait_for_file_exists(&started);
+
+    let s = env.status();
+    let targets = s["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 2);
+    let busy = &targets[0];
+    assert_eq!(busy["target"], "busy");
+    assert_eq!(busy["state"], "held");
+    assert_eq!(busy["holder_pid"], holder.id());
+    assert!(busy["holder_host"].is_string());
+    assert_eq!(busy["fence"], 1);
+    assert!(busy["heartbeat_age_ms"].as_i64().unwrap() >= 0);
+    assert_eq!(busy["ttl_ms"], 60000);
+    assert!(busy["last_run"].is_null());
+    let done = &targets[1];
+    assert_eq!(done["state"], "free");
+    assert!(done["holder_host"].is_null() && done["heartbeat_age_ms"].is_null());
+    let last = &done["last_run"];
+    assert_eq!(last["outcome"], "completed");
+    assert_eq!(last["exit_code"], 4);
+    assert!(last["run_id"].is_string() && last["finished_at"].as_str().unwrap().ends_with('Z'));
+    assert!(last["duration_ms"].as_i64().unwrap() >= 0);
+    assert_eq!(s["outbox"]["pending"], 1);
+    assert_eq!(s["outbox"]["dead"], 0);
+    assert!(s["outbox"]["oldest_pending_age_ms"].as_i64().unwrap() >= 0);
+
+    // --target filters; the table names the same things.
+    let one = env.run(&["status", "--target", "done", "--json"]);
+    let one: serde_json::Value = serde_json::from_slice(&one.stdout).unwrap();
+    assert_eq!(one["targets"].as_array().unwrap().len(), 1);
+    let table = stdout(&env.run(&["status"]));
+    assert!(table.contains("busy") && table.contains("held") && table.contains(&format!("pid {}", holder.id())), "{table}");
+    assert!(table.contains("outbox: 1 pending, 0 dead"), "{table}");
+
+    kill(holder.id(), libc::SIGTERM);
+    finish(holder);
+    // An expired holder shows as expired, not held.
+    env.sql("UPDATE leases SET token = gen_random_uuid(), heartbeat_at = now() - interval '2 minutes', ttl_ms = 1000 WHERE target = 'done'");
+    let s = env.run(&["status", "--target", "done", "--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert_eq!(s["targets"][0]["state"], "expired");
+}
+
+#[test]
+fn runs_lists_newest_first_with_outcomes_and_limit() {
+    let env = Env::new();
+    for script in ["exit 0", "exit 1", "kill -KILL $$"] {
+        env.run(&["run", "--target", "r", "--", "sh", "-c", script]);
+    }
+    env.run(&["run", "--target", "r", "--", "/nonexistent"]);
+    let all: serde_json::Value = serde_json::from_slice(&env.run(&["runs", "--target", "r", "--json"]).stdout).unwrap();
+    let runs = all["runs"].as_array().unwrap();
+    let summary: Vec<String> = runs.iter().map(|r| format!("{}:{}:{}", r["fence"], r["outcome"], r["exit_code"])).collect();
+    assert_eq!(summary, ["4:\"exec_failed\":127", "3:\"completed\":null", "2:\"completed\":1", "1:\"completed\":0"]);
+    assert_eq!(runs[1]["signal"], 9);
+    let limited: serde_json::Value = serde_json::from_slice(&env.run(&["runs", "--target", "r", "--limit", "1", "--json"]).stdout).unwrap();
+    assert_eq!(limited["runs"].as_array().unwrap().len(), 1);
+    let table = stdout(&env.run(&["runs", "--target", "r"]));
+    assert_eq!(table.lines().count(), 5, "{table}");
+    assert!(table.lines().nth(1).unwrap().contains("exec_failed"));
+}
+
+#[test]
+fn output_of_a_target_without_runs_exits_1() {
+    let env = Env::new();
+    let o = env.run(&["output", "--target", "nothing"]);
+    assert_one_line_error(&o, 1, "no stored run of 'nothing'");
+}
+
+#[test]
+fn release_of_a_free_target_says_so() {
+    let env = Env::new();
+    let o = env.run(&["release", "--target", "free", "--force"]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(stdout(&o), "'free' was not held\n");
+}
+
+#[test]
+fn no_event_and_custom_event_types() {
+    let env = Env::new();
+    env.run(&["run", "--target", "ev", "--no-event", "--", "true"]);
+    env.run(&["run", "--target", "ev", "--event-type", "report.built", "--", "true"]);
+    assert_eq!(env.scalar("SELECT string_agg(type, ',') FROM outbox"), "report.built");
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "2");
+}
+
+#[test]
+fn applications_insert_their_own_events_with_only_the_four_public_columns() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    env.sql("BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '42', 'order.paid', '{\"total\": 1500}'); COMMIT;");
+    let row = &env.sql("SELECT id IS NOT NULL, seq > 0, created_at <= now(), attempts FROM outbox")[0];
+    assert_eq!(row, &vec![Some("t".into()), Some("t".into()), Some("t".into()), Some("0".into())]);
+    assert_eq!(env.status()["outbox"]["pending"], 1);
+}
+
+#[test]
+fn two_schemas_do_not_see_each_other() {
+    let a = Env::new();
+    let mut b = Env::new();
+    b.url = a.url.clone();
+    let started = a.path("started");
+    let holder = a.spawn(&["run", "--target", "same", "--", "sh", "-c", &format!("touch '{}'; sleep 30", started.display())]);
+    wait_for_file_exists(&started);
+    // Same target name, other schema: not busy.
+    assert_eq!(code(&b.run(&["run", "--target", "same", "--", "true"])), 0);
+    assert_eq!(b.status()["targets"][0]["state"], "free");
+    assert_eq!(a.status()["targets"][0]["state"], "held");
+    assert_eq!(a.status()["outbox"]["pending"], 0);
+    assert_eq!(b.status()["outbox"]["pending"], 1);
+    kill(holder.id(), libc::SIGTERM);
+    finish(holder);
+}
+
+#[test]
+fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
+    let env = Env::new();
+    let children: Vec<_> = (0..6).map(|i| env.spawn(&["run", "--target", &format!("m{i}"), "--", "true"])).collect();
+    for o in children.into_iter().map(finish) {
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    assert_eq!(env.scalar("SELECT string_agg(version::text, ',') FROM schema_migrations"), "1");
+    let o = env.run(&["migrate"]);
+    assert_eq!(stdout(&o), format!("schema \"{}\" is at version 1\n", env.schema));
+}
+
+#[test]
+fn a_schema_newer_than_the_binary_is_refused_with_78() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    env.sql("INSERT INTO schema_migrations (version, name) VALUES (999, 'from the future')");
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_one_line_error(&o, 78, "version 999, newer than this leasectl");
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "0");
+}
