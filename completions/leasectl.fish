@@ -1,0 +1,104 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_leasectl_global_optspecs
+    string join \n database-url= schema= v/verbose h/help V/version
+end
+
+function __fish_leasectl_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_leasectl_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_leasectl_using_subcommand
+    set -l cmd (__fish_leasectl_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c leasectl -n "__fish_leasectl_needs_command" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_needs_command" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_needs_command" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_needs_command" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_needs_command" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "runs" -d 'List the recorded runs of a target, newest first'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "completions" -d 'Print shell completions'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l target -d 'What to hold the lease on: 1–200 characters, no control characters' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l ttl -d 'The lease expires when not renewed for this long (database clock)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l heartbeat -d 'Renewal interval [default: TTL/4]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l wait -d 'When busy, wait for the lease (forever, or up to DUR) instead of exiting 75' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l reuse-within -d 'Reuse the stored stdout of a successful run that finished less than DUR ago' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l timeout -d 'Stop the command after DUR and exit 124' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the command must stop [default: min(10s, TTL/10)]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l busy-exit-code -d 'Exit code when another holder has the lease' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 'Type of the outbox event stored with the result' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l no-event -d 'Store the result without an outbox event'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s q -l quiet -d 'Capture the command\'s output without echoing it'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l target -d 'Only this target' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l json -d 'One JSON document instead of a table'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l limit -d 'At most N runs' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l json -d 'One JSON document instead of a table'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l run -d 'This run instead of the newest one that was not lost' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l stderr -d 'Print captured stderr instead of stdout'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d 'Required: breaking a live lease makes its holder stop'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "completions" -d 'Print shell completions'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
