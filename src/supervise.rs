@@ -124,6 +124,14 @@ impl Child {
         status
     }
 
+    /// The child's status if it has already exited, without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
     /// Sends `sig` to the child's whole process group.
     pub fn signal(&self, sig: Signal) {
         let _ = killpg(self.pgid, sig);

@@ -248,7 +248,13 @@ async fn execute(db: &mut Db, cfg: &RunConfig, me: &Me, lease: Lease, acquired_a
     let timeout_at = cfg.timeout.map(|t| started + t);
     let ending = tokio::select! {
         status = child.wait() => Ending::Exited(status),
-        reason = hb.keep(db) => Ending::Lost(reason),
+        // A child that already exited (say while leasectl was paused past the TTL) goes to the
+        // fenced save, which alone decides whether its result may be stored; the runtime may
+        // report the expired timer before the child's exit.
+        reason = hb.keep(db) => match child.exited() {
+            Some(status) => Ending::Exited(status),
+            None => Ending::Lost(reason),
+        },
         _ = sleep_until_opt(timeout_at) => Ending::TimedOut,
         sig = signals.recv() => Ending::Interrupted(sig),
     };

@@ -221,3 +221,30 @@ fn wait_with_a_limit_gives_up_with_the_busy_code() {
 pub fn wait_for_file_exists(p: &std::path::Path) {
     wait_for(&p.display().to_string(), || p.exists());
 }
+
+#[test]
+fn a_result_finished_after_a_takeover_is_fenced_out_by_the_save() {
+    // The command completes while its holder is paused past the TTL and someone else holds
+    // the lease; on resume the holder's fenced save must refuse to store it.
+    let env = Env::new();
+    let pidfile = env.path("pid");
+    let gate = env.path("gate");
+    let script = format!(
+        "echo $$ > '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo stale-result",
+        pidfile.display(),
+        gate.display()
+    );
+    let holder = env.spawn(&["run", "--target", "z", "--ttl", "1s", "--", "sh", "-c", &script]);
+    let child: i32 = wait_for_file(&pidfile).parse().unwrap();
+    kill(holder.id(), libc::SIGSTOP);
+    let taker = env.run(&["run", "--target", "z", "--wait=30s", "--", "true"]);
+    assert_eq!(code(&taker), 0, "{}", stderr(&taker));
+    std::fs::write(&gate, "").unwrap();
+    wait_for("the command to finish while its holder is paused", || !alive(child));
+    kill(holder.id(), libc::SIGCONT);
+    let out = finish(holder);
+    assert_eq!(code(&out), 76, "{}", stderr(&out));
+    assert_eq!(env.scalar("SELECT outcome FROM runs WHERE fence = 1"), "lost");
+    assert_eq!(env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs WHERE fence = 1"), "stale-result\n");
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+}
