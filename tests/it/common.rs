@@ -60,10 +60,15 @@ impl Env {
 
     /// `leasectl --database-url … --schema …` as a std Command (spawnable, for concurrency).
     pub fn command(&self) -> Command {
+        self.command_at(&self.url)
+    }
+
+    /// Like [`Env::command`] with another database URL (e.g. one with an application_name).
+    pub fn command_at(&self, url: &str) -> Command {
         let mut c = Command::new(bin());
         c.env_remove("DATABASE_URL")
             .arg("--database-url")
-            .arg(&self.url)
+            .arg(url)
             .arg("--schema")
             .arg(&self.schema)
             .current_dir(self.dir.path())

@@ -1,0 +1,80 @@
+//! Database faults during a run: a dropped connection is survived, a database that stops
+//! answering makes the holder stop its command before the lease can expire.
+
+use std::time::Duration;
+
+use leasectl::db::Settings;
+
+use crate::common::*;
+use crate::lease::wait_for_file_exists;
+
+/// The test URL with an application_name that identifies one leasectl's connections.
+fn url_named(env: &Env, name: &str) -> String {
+    if env.url.contains("://") {
+        let sep = if env.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}application_name={name}", env.url)
+    } else {
+        format!("{} application_name={name}", env.url)
+    }
+}
+
+#[test]
+fn a_dropped_connection_is_reconnected_and_the_job_keeps_its_lease() {
+    let env = Env::new();
+    let name = format!("hb_{}", env.schema);
+    let started = env.path("started");
+    let gate = env.path("gate");
+    let script = format!("touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo finished", started.display(), gate.display());
+    let holder = Watched::new(
+        env.command_at(&url_named(&env, &name))
+            .args(["run", "--target", "h", "--ttl", "2s", "--", "sh", "-c", &script])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_file_exists(&started);
+    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
+    assert_eq!(killed, "1");
+    holder.wait_for_stderr("recovered after");
+    // The lease is still held and being renewed.
+    let before = env.scalar("SELECT heartbeat_at FROM leases");
+    wait_for("another heartbeat", || env.scalar("SELECT heartbeat_at FROM leases") != before);
+    std::fs::write(&gate, "").unwrap();
+    let o = holder.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "finished\n");
+    assert_eq!(env.scalar("SELECT outcome FROM runs"), "completed");
+}
+
+#[test]
+fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_ttl() {
+    let env = Env::new();
+    let pidfile = env.path("pid");
+    let ttl = Duration::from_secs(2);
+    let holder = Watched::new(env.spawn(&["run", "--target", "d", "--ttl", "2s", "--", "sh", "-c", &format!("echo $$ > '{}'; exec sleep 60", pidfile.display())]));
+    let child: i32 = wait_for_file(&pidfile).parse().unwrap();
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = Settings::new(Some(&env.url)).unwrap().open_client().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        // Holding the lease row's lock makes every heartbeat hang, as a stuck server would.
+        let q = format!("SELECT heartbeat_at::text FROM \"{}\".leases WHERE target = 'd' FOR UPDATE", env.schema);
+        let last_heartbeat: String = tx.query_one(&q, &[]).await.unwrap().get(0);
+        while alive(child) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Both instants on the database clock: the command died before the lease could expire.
+        let q = format!("SELECT now()::timestamptz - '{last_heartbeat}'::timestamptz < interval '{} milliseconds', (clock_timestamp() - '{last_heartbeat}'::timestamptz)::text", ttl.as_millis());
+        let row = tx.query_one(&q.replace("now()", "clock_timestamp()"), &[]).await.unwrap();
+        let (in_time, age): (bool, String) = (row.get(0), row.get(1));
+        assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl {ttl:?})");
+        tx.rollback().await.unwrap();
+    });
+    let o = holder.finish();
+    assert_eq!(code(&o), 76, "{}", stderr(&o));
+    assert!(stderr(&o).contains("heartbeat for 'd' failed"), "{}", stderr(&o));
+    assert_eq!(env.scalar("SELECT outcome FROM runs"), "lost");
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
+}
