@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait};
+use crate::config::{
+    parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
+};
 
 const ABOUT: &str = "Run a command at most once at a time per target, with PostgreSQL as the only \
 coordinator: a fenced heartbeat lease, a stored result and a transactional outbox event.";
@@ -42,7 +44,13 @@ pub struct Cli {
 #[derive(Debug, Args, Clone)]
 pub struct DbArgs {
     /// PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]
-    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub database_url: Option<String>,
 
     /// Schema holding leasectl's tables (letters, digits, underscore; at most 48 bytes)
@@ -60,22 +68,32 @@ pub enum Command {
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show each target's lease, its last run and the outbox backlog
-    #[command(after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json")]
+    #[command(
+        after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json"
+    )]
     Status(StatusArgs),
     /// List the recorded runs of a target, newest first
-    #[command(after_help = "Examples:\n  leasectl runs --target nightly-report\n  leasectl runs --target nightly-report --limit 1 --json")]
+    #[command(
+        after_help = "Examples:\n  leasectl runs --target nightly-report\n  leasectl runs --target nightly-report --limit 1 --json"
+    )]
     Runs(RunsArgs),
     /// Print the captured stdout (or stderr) of a stored run, byte for byte
-    #[command(after_help = "By default the newest run that was not `lost`.\n\nExamples:\n  leasectl output --target oauth\n  leasectl output --target oauth --run 6f1c… --stderr")]
+    #[command(
+        after_help = "By default the newest run that was not `lost`.\n\nExamples:\n  leasectl output --target oauth\n  leasectl output --target oauth --run 6f1c… --stderr"
+    )]
     Output(OutputArgs),
     /// Break a target's lease (operator use); the next holder still gets a higher fence
-    #[command(after_help = "The holder notices at its next heartbeat, stops its command and exits 76.\n\nExample:\n  leasectl release --target nightly-report --force")]
+    #[command(
+        after_help = "The holder notices at its next heartbeat, stops its command and exits 76.\n\nExample:\n  leasectl release --target nightly-report --force"
+    )]
     Release(ReleaseArgs),
     /// Apply pending schema migrations (every command also does this itself)
     #[command(after_help = "Example:\n  leasectl --database-url postgres://app@db/app migrate")]
     Migrate,
     /// Print shell completions
-    #[command(after_help = "Examples:\n  leasectl completions bash > /etc/bash_completion.d/leasectl\n  leasectl completions zsh > ~/.zfunc/_leasectl")]
+    #[command(
+        after_help = "Examples:\n  leasectl completions bash > /etc/bash_completion.d/leasectl\n  leasectl completions zsh > ~/.zfunc/_leasectl"
+    )]
     Completions(CompletionsArgs),
 }
 

@@ -51,7 +51,9 @@ pub fn parse_target(s: &str) -> Result<String, String> {
         return Err("the target is empty (it needs 1 to 200 characters)".into());
     }
     if n > MAX_TARGET_CHARS {
-        return Err(format!("the target is {n} characters long (at most {MAX_TARGET_CHARS})"));
+        return Err(format!(
+            "the target is {n} characters long (at most {MAX_TARGET_CHARS})"
+        ));
     }
     if let Some(c) = s.chars().find(|c| c.is_control()) {
         return Err(format!("the target contains the control character {:?}", c));
@@ -63,7 +65,10 @@ pub fn parse_target(s: &str) -> Result<String, String> {
 ///
 /// The name is always double-quoted in SQL, so case is kept exactly as given.
 pub fn parse_schema(s: &str) -> Result<String, String> {
-    let ok_first = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_first = s
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     let ok_rest = s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !ok_first || !ok_rest {
         return Err(format!(
@@ -71,10 +76,15 @@ pub fn parse_schema(s: &str) -> Result<String, String> {
         ));
     }
     if s.len() > MAX_SCHEMA_BYTES {
-        return Err(format!("the schema name is {} bytes long (at most {MAX_SCHEMA_BYTES})", s.len()));
+        return Err(format!(
+            "the schema name is {} bytes long (at most {MAX_SCHEMA_BYTES})",
+            s.len()
+        ));
     }
     if s.starts_with("pg_") {
-        return Err(format!("'{s}' is reserved by PostgreSQL (names starting with pg_ are)"));
+        return Err(format!(
+            "'{s}' is reserved by PostgreSQL (names starting with pg_ are)"
+        ));
     }
     Ok(s.to_owned())
 }
@@ -84,15 +94,22 @@ pub fn parse_byte_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: usize = num.parse().map_err(|_| format!("'{t}' is not a size (expected e.g. 65536, 64KiB, 1MiB)"))?;
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("'{t}' is not a size (expected e.g. 65536, 64KiB, 1MiB)"))?;
     let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("'{t}' has an unknown unit (use B, KiB, MiB or GiB)")),
+        _ => {
+            return Err(format!(
+                "'{t}' has an unknown unit (use B, KiB, MiB or GiB)"
+            ))
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("'{t}' is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{t}' is too large"))
 }
 
 /// A `run` invocation, with defaults filled in and every cross-flag rule checked.
@@ -121,7 +138,9 @@ impl RunConfig {
             )));
         }
         let heartbeat = a.heartbeat.unwrap_or(a.ttl / 4);
-        let kill_after = a.kill_after.unwrap_or_else(|| Duration::from_secs(10).min(a.ttl / 10));
+        let kill_after = a
+            .kill_after
+            .unwrap_or_else(|| Duration::from_secs(10).min(a.ttl / 10));
         if heartbeat.is_zero() {
             return Err(usage("--heartbeat must be longer than 0"));
         }
@@ -140,12 +159,16 @@ impl RunConfig {
             return Err(usage("--timeout must be longer than 0"));
         }
         if a.command.first().is_none_or(|c| c.is_empty()) {
-            return Err(usage("no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)"));
+            return Err(usage(
+                "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
+            ));
         }
         let event_type = if a.no_event {
             None
         } else if a.event_type.trim().is_empty() {
-            return Err(usage("--event-type must not be empty (use --no-event for none)"));
+            return Err(usage(
+                "--event-type must not be empty (use --no-event for none)",
+            ));
         } else {
             Some(a.event_type)
         };

@@ -29,7 +29,8 @@ const STATEMENT_TIMEOUT: &str = "30s";
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
 /// The migrations embedded in the binary, in order. The version is the file's number.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "init", include_str!("../migrations/0001_init.sql"))];
 
 /// The newest schema version this binary knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -89,13 +90,17 @@ impl Settings {
         }
         if config.get_ports().is_empty() {
             if let Some(p) = env("PGPORT") {
-                let port = p.parse::<u16>().map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
+                let port = p
+                    .parse::<u16>()
+                    .map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
                 config.port(port);
             }
         }
         if config.get_user().is_none() {
             let user = env("PGUSER").or_else(current_os_user).ok_or_else(|| {
-                Failure::Usage("no database user: set PGUSER or put a user in --database-url".into())
+                Failure::Usage(
+                    "no database user: set PGUSER or put a user in --database-url".into(),
+                )
             })?;
             config.user(user);
         }
@@ -117,14 +122,18 @@ impl Settings {
             }
         }
         if config.get_connect_timeout().is_none() {
-            let t = env("PGCONNECT_TIMEOUT").and_then(|s| s.parse::<u64>().ok()).filter(|&s| s > 0);
+            let t = env("PGCONNECT_TIMEOUT")
+                .and_then(|s| s.parse::<u64>().ok())
+                .filter(|&s| s > 0);
             config.connect_timeout(t.map_or(CONNECT_TIMEOUT, Duration::from_secs));
         }
         if config.get_application_name().is_none() {
             config.application_name("leasectl");
         }
         // Find a dead peer within ~30s even while idle between heartbeats.
-        config.keepalives(true).keepalives_idle(Duration::from_secs(15));
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(15));
         Ok(Settings { config, verify_tls })
     }
 
@@ -158,7 +167,10 @@ impl Settings {
 }
 
 fn current_os_user() -> Option<String> {
-    nix::unistd::User::from_uid(nix::unistd::getuid()).ok().flatten().map(|u| u.name)
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
 }
 
 /// The validated schema name and its quoted form for SQL.
@@ -172,7 +184,10 @@ impl Schema {
     /// `name` must already have passed [`crate::config::parse_schema`]; quoting is still applied,
     /// so even a name that slipped through could not break out of the identifier.
     pub fn new(name: &str) -> Schema {
-        Schema { name: name.to_owned(), quoted: format!("\"{}\"", name.replace('"', "\"\"")) }
+        Schema {
+            name: name.to_owned(),
+            quoted: format!("\"{}\"", name.replace('"', "\"\"")),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -203,7 +218,12 @@ impl Db {
     pub async fn connect(settings: Settings, schema: Schema) -> Result<Db> {
         let settings = Arc::new(settings);
         let (client, notifications) = open(&settings).await?;
-        let mut db = Db { client, notifications, schema, settings };
+        let mut db = Db {
+            client,
+            notifications,
+            schema,
+            settings,
+        };
         migrate(&mut db.client, &db.schema).await?;
         Ok(db)
     }
@@ -211,7 +231,9 @@ impl Db {
     /// Opens a fresh connection with the same settings (the schema is already migrated).
     pub async fn reconnect(&mut self) -> Result<()> {
         let (client, notifications) = open(&self.settings).await?;
-        client.batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'")).await?;
+        client
+            .batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'"))
+            .await?;
         self.client = client;
         self.notifications = notifications;
         Ok(())
@@ -221,7 +243,11 @@ impl Db {
 async fn open(settings: &Settings) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
     let tls = tls::connector(settings.verify_tls)?;
     let (client, mut connection) = settings.config.connect(tls).await.map_err(|e| {
-        Failure::Unavailable(format!("cannot connect to PostgreSQL at {}: {}", settings.describe(), reason(&e)))
+        Failure::Unavailable(format!(
+            "cannot connect to PostgreSQL at {}: {}",
+            settings.describe(),
+            reason(&e)
+        ))
     })?;
     // The connection object does the socket I/O; it runs as its own task and forwards
     // NOTIFY messages (lease releases) to whoever listens.
@@ -277,7 +303,9 @@ pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
         source = s.source();
     }
     let text = e.to_string();
-    text.starts_with("error connecting") || text.starts_with("timeout") || text.starts_with("error communicating")
+    text.starts_with("error connecting")
+        || text.starts_with("timeout")
+        || text.starts_with("error communicating")
 }
 
 /// Brings `schema` up to [`SCHEMA_VERSION`].
@@ -304,7 +332,8 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
                 _ => {}
             }
         }
-        Err(e) if matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME) => {}
+        Err(e) if matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME) =>
+            {}
         Err(e) => return Err(e).context("cannot read the schema version"),
     }
     apply_migrations(client, schema).await
@@ -312,11 +341,16 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
 
 async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     // The failed probe rolled back its SET; repeat it outside the transaction.
-    client.batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'")).await?;
+    client
+        .batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'"))
+        .await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))", &[&schema.name()])
-        .await
-        .context("cannot take the migration lock")?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))",
+        &[&schema.name()],
+    )
+    .await
+    .context("cannot take the migration lock")?;
     tx.batch_execute(&schema.sql(
         "CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
@@ -328,16 +362,28 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     ))
     .await
     .with_context(|| format!("cannot create schema \"{}\"", schema.name()))?;
-    let row = tx.query_one("SELECT coalesce(max(version), 0) FROM schema_migrations", &[]).await?;
+    let row = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM schema_migrations",
+            &[],
+        )
+        .await?;
     let current: i32 = row.get(0);
     if current > SCHEMA_VERSION {
         return Err(too_new(schema, current));
     }
     for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
-        tx.batch_execute(sql)
-            .await
-            .with_context(|| format!("migration {version:04}_{name} failed in schema \"{}\"", schema.name()))?;
-        tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[version, name]).await?;
+        tx.batch_execute(sql).await.with_context(|| {
+            format!(
+                "migration {version:04}_{name} failed in schema \"{}\"",
+                schema.name()
+            )
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[version, name],
+        )
+        .await?;
     }
     tx.commit().await.context("cannot commit the migrations")?;
     Ok(())
@@ -356,32 +402,57 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
     fn libpq_environment_fills_the_gaps() {
-        let s = Settings::from_env(None, env_of(&[("PGHOST", "db.example,/run/pg"), ("PGPORT", "6543"), ("PGUSER", "app"), ("PGDATABASE", "prod")])).unwrap();
+        let s = Settings::from_env(
+            None,
+            env_of(&[
+                ("PGHOST", "db.example,/run/pg"),
+                ("PGPORT", "6543"),
+                ("PGUSER", "app"),
+                ("PGDATABASE", "prod"),
+            ]),
+        )
+        .unwrap();
         assert_eq!(s.config.get_user(), Some("app"));
         assert_eq!(s.config.get_dbname(), Some("prod"));
         assert_eq!(s.config.get_ports(), &[6543]);
         assert_eq!(s.config.get_hosts().len(), 2);
-        assert!(s.describe().starts_with("db.example:6543, /run/pg/.s.PGSQL.6543"));
+        assert!(s
+            .describe()
+            .starts_with("db.example:6543, /run/pg/.s.PGSQL.6543"));
     }
 
     #[test]
     fn url_wins_and_password_never_shows() {
-        let s = Settings::from_env(Some("postgres://u:s3cret@10.0.0.1:5433/x"), env_of(&[("PGUSER", "other")])).unwrap();
+        let s = Settings::from_env(
+            Some("postgres://u:s3cret@10.0.0.1:5433/x"),
+            env_of(&[("PGUSER", "other")]),
+        )
+        .unwrap();
         assert_eq!(s.config.get_user(), Some("u"));
         assert!(!s.describe().contains("s3cret"));
-        let err = Settings::from_env(Some("postgres://u:s3cret@host:notaport/x"), env_of(&[])).err().unwrap();
+        let err = Settings::from_env(Some("postgres://u:s3cret@host:notaport/x"), env_of(&[]))
+            .err()
+            .unwrap();
         assert!(!format!("{err:#}").contains("s3cret"));
     }
 
     #[test]
     fn schema_quoting() {
         let s = Schema::new("My_s");
-        assert_eq!(s.sql("SELECT 1 FROM {s}.leases"), "SELECT 1 FROM \"My_s\".leases");
+        assert_eq!(
+            s.sql("SELECT 1 FROM {s}.leases"),
+            "SELECT 1 FROM \"My_s\".leases"
+        );
         assert_eq!(s.lease_channel(), "My_s.leases");
     }
 }

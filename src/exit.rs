@@ -24,7 +24,9 @@ pub enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(m) | Failure::Unavailable(m) | Failure::SchemaTooNew(m) => f.write_str(m),
+            Failure::Usage(m) | Failure::Unavailable(m) | Failure::SchemaTooNew(m) => {
+                f.write_str(m)
+            }
         }
     }
 }

@@ -37,7 +37,10 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             }
             l.push_str(cell);
             if i + 1 < widths.len() {
-                l.extend(std::iter::repeat_n(' ', widths[i].saturating_sub(cell.chars().count())));
+                l.extend(std::iter::repeat_n(
+                    ' ',
+                    widths[i].saturating_sub(cell.chars().count()),
+                ));
             }
         }
         out.push_str(l.trim_end());

@@ -69,7 +69,14 @@ fn ms(d: Duration) -> i64 {
 ///
 /// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
 /// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
-pub async fn acquire(client: &Client, schema: &Schema, target: &str, ttl: Duration, host: &str, pid: i32) -> Result<Acquired> {
+pub async fn acquire(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    ttl: Duration,
+    host: &str,
+    pid: i32,
+) -> Result<Acquired> {
     let token = Uuid::new_v4();
     let sql = schema.sql(
         "INSERT INTO {s}.leases AS l
@@ -90,9 +97,16 @@ pub async fn acquire(client: &Client, schema: &Schema, target: &str, ttl: Durati
         (&host, Type::TEXT),
         (&pid, Type::INT4),
     ];
-    let rows = client.query_typed(&sql, &params).await.context("cannot acquire the lease")?;
+    let rows = client
+        .query_typed(&sql, &params)
+        .await
+        .context("cannot acquire the lease")?;
     if let Some(row) = rows.first() {
-        return Ok(Acquired::Held(Lease { target: target.to_owned(), token, fence: row.get(0) }));
+        return Ok(Acquired::Held(Lease {
+            target: target.to_owned(),
+            token,
+            fence: row.get(0),
+        }));
     }
     Ok(Acquired::Busy(holder(client, schema, target).await?))
 }
@@ -105,7 +119,10 @@ pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Op
            FROM {s}.leases
           WHERE target = $1 AND token IS NOT NULL",
     );
-    let rows = client.query_typed(&sql, &[(&target, Type::TEXT)]).await.context("cannot read the lease")?;
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT)])
+        .await
+        .context("cannot read the lease")?;
     Ok(rows.first().map(|r| {
         let ttl_ms: i64 = r.get(3);
         let age_ms: i64 = r.get(4);
@@ -122,9 +139,19 @@ pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Op
 
 /// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
 /// or force-released, and the holder must stop at once.
-pub async fn heartbeat(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool, tokio_postgres::Error> {
-    let sql = schema.sql("UPDATE {s}.leases SET heartbeat_at = now() WHERE target = $1 AND token = $2");
-    let n = client.execute_typed(&sql, &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)]).await?;
+pub async fn heartbeat(
+    client: &Client,
+    schema: &Schema,
+    lease: &Lease,
+) -> Result<bool, tokio_postgres::Error> {
+    let sql =
+        schema.sql("UPDATE {s}.leases SET heartbeat_at = now() WHERE target = $1 AND token = $2");
+    let n = client
+        .execute_typed(
+            &sql,
+            &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)],
+        )
+        .await?;
     Ok(n == 1)
 }
 
@@ -137,7 +164,14 @@ pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<
     );
     let channel = schema.lease_channel();
     let rows = client
-        .query_typed(&sql, &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID), (&channel, Type::TEXT)])
+        .query_typed(
+            &sql,
+            &[
+                (&lease.target, Type::TEXT),
+                (&lease.token, Type::UUID),
+                (&channel, Type::TEXT),
+            ],
+        )
         .await
         .context("cannot release the lease")?;
     Ok(!rows.is_empty())
@@ -145,7 +179,11 @@ pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<
 
 /// Operator override: frees `target` whoever holds it. Returns the holder it had, if any.
 /// The fence is kept, so the next acquisition is still numbered higher.
-pub async fn force_release(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
+pub async fn force_release(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+) -> Result<Option<Holder>> {
     let before = holder(client, schema, target).await?;
     let sql = schema.sql(
         "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
@@ -248,7 +286,10 @@ pub async fn save_fenced(
     let tx = client.transaction().await?;
     if retrying {
         let done = tx
-            .query_typed(&schema.sql("SELECT 1 FROM {s}.runs WHERE id = $1"), &[(&run.id, Type::UUID)])
+            .query_typed(
+                &schema.sql("SELECT 1 FROM {s}.runs WHERE id = $1"),
+                &[(&run.id, Type::UUID)],
+            )
             .await?;
         if !done.is_empty() {
             return Ok(Saved::Stored);
@@ -279,7 +320,8 @@ pub async fn save_fenced(
                         'stderr_bytes', length(r.stderr), 'stderr_truncated', r.stderr_truncated)
                FROM {s}.runs r WHERE r.id = $1",
         );
-        tx.execute_typed(&sql, &[(&run.id, Type::UUID), (&event_type, Type::TEXT)]).await?;
+        tx.execute_typed(&sql, &[(&run.id, Type::UUID), (&event_type, Type::TEXT)])
+            .await?;
     }
     let channel = schema.lease_channel();
     tx.query_typed(
@@ -288,7 +330,11 @@ pub async fn save_fenced(
               WHERE target = $1 AND token = $2
              RETURNING pg_notify($3, target)",
         ),
-        &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID), (&channel, Type::TEXT)],
+        &[
+            (&lease.target, Type::TEXT),
+            (&lease.token, Type::UUID),
+            (&channel, Type::TEXT),
+        ],
     )
     .await?;
     tx.commit().await?;
@@ -298,19 +344,38 @@ pub async fn save_fenced(
 /// Records a run that lost its lease (outcome `lost`), without any lease check and without an
 /// event: the operator keeps its output (a rotated token printed by a fenced-out refresh must
 /// not vanish), but nothing downstream hears of it and `--reuse-within` never returns it.
-pub async fn record_lost(client: &Client, schema: &Schema, lease: &Lease, run: &RunRecord<'_>) -> Result<()> {
+pub async fn record_lost(
+    client: &Client,
+    schema: &Schema,
+    lease: &Lease,
+    run: &RunRecord<'_>,
+) -> Result<()> {
     let sql = schema.sql(&format!("{INSERT_RUN} ON CONFLICT (id) DO NOTHING"));
-    execute_insert(client, &sql, lease, run).await.context("cannot record the lost run")?;
+    execute_insert(client, &sql, lease, run)
+        .await
+        .context("cannot record the lost run")?;
     Ok(())
 }
 
-async fn insert_run(client: &tokio_postgres::Transaction<'_>, schema: &Schema, lease: &Lease, run: &RunRecord<'_>) -> Result<()> {
+async fn insert_run(
+    client: &tokio_postgres::Transaction<'_>,
+    schema: &Schema,
+    lease: &Lease,
+    run: &RunRecord<'_>,
+) -> Result<()> {
     execute_insert(client, &schema.sql(INSERT_RUN), lease, run).await?;
     Ok(())
 }
 
-async fn execute_insert<C: tokio_postgres::GenericClient>(client: &C, sql: &str, lease: &Lease, run: &RunRecord<'_>) -> Result<(), tokio_postgres::Error> {
-    let exit_code = run.exit_code_override.or_else(|| run.status.and_then(ChildStatus::code));
+async fn execute_insert<C: tokio_postgres::GenericClient>(
+    client: &C,
+    sql: &str,
+    lease: &Lease,
+    run: &RunRecord<'_>,
+) -> Result<(), tokio_postgres::Error> {
+    let exit_code = run
+        .exit_code_override
+        .or_else(|| run.status.and_then(ChildStatus::code));
     let signal = run.status.and_then(ChildStatus::signal);
     let outcome = run.outcome.as_str();
     let elapsed = ms(run.elapsed);
@@ -347,7 +412,12 @@ pub struct Reusable {
 }
 
 /// The newest successful run (exit 0, stdout stored whole) that finished less than `within` ago.
-pub async fn reusable(client: &Client, schema: &Schema, target: &str, within: Duration) -> Result<Option<Reusable>> {
+pub async fn reusable(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    within: Duration,
+) -> Result<Option<Reusable>> {
     let sql = schema.sql(
         "SELECT id, outcome, exit_code, signal, stdout FROM {s}.runs
           WHERE target = $1 AND outcome = 'completed' AND exit_code = 0 AND NOT stdout_truncated
@@ -362,7 +432,12 @@ pub async fn reusable(client: &Client, schema: &Schema, target: &str, within: Du
 }
 
 /// The run stored by the acquisition numbered `fence`, if it has finished.
-pub async fn run_by_fence(client: &Client, schema: &Schema, target: &str, fence: i64) -> Result<Option<(Reusable, bool)>> {
+pub async fn run_by_fence(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    fence: i64,
+) -> Result<Option<(Reusable, bool)>> {
     let sql = schema.sql(
         "SELECT id, outcome, exit_code, signal, stdout, stdout_truncated FROM {s}.runs
           WHERE target = $1 AND fence = $2 ORDER BY finished_at DESC LIMIT 1",
@@ -371,7 +446,9 @@ pub async fn run_by_fence(client: &Client, schema: &Schema, target: &str, fence:
         .query_typed(&sql, &[(&target, Type::TEXT), (&fence, Type::INT8)])
         .await
         .context("cannot look up the awaited run")?;
-    Ok(rows.first().map(|r| (reusable_from_row(r), r.get::<_, bool>(5))))
+    Ok(rows
+        .first()
+        .map(|r| (reusable_from_row(r), r.get::<_, bool>(5))))
 }
 
 fn reusable_from_row(r: &tokio_postgres::Row) -> Reusable {

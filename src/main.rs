@@ -16,7 +16,10 @@ fn main() -> ExitCode {
     // One thread is enough (the work is waiting on a socket and a child) and keeps a holding
     // leasectl small. It also matters for PR_SET_PDEATHSIG: the child is forked from this
     // thread, which lives exactly as long as the run.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("leasectl: cannot start the runtime: {e}");
@@ -39,9 +42,15 @@ fn main() -> ExitCode {
 /// `--help` and `--version` as clap prints them, exit 0.
 fn clap_error(e: clap::Error) -> ExitCode {
     match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             let _ = e.print();
-            let code = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand { Exit::USAGE } else { 0 };
+            let code = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                Exit::USAGE
+            } else {
+                0
+            };
             ExitCode::from(code)
         }
         _ => {

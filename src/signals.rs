@@ -15,7 +15,11 @@ pub struct Signals {
 impl Signals {
     pub fn install() -> Result<Signals> {
         let make = |k: SignalKind| signal(k).context("cannot install signal handlers");
-        Ok(Signals { int: make(SignalKind::interrupt())?, term: make(SignalKind::terminate())?, hup: make(SignalKind::hangup())? })
+        Ok(Signals {
+            int: make(SignalKind::interrupt())?,
+            term: make(SignalKind::terminate())?,
+            hup: make(SignalKind::hangup())?,
+        })
     }
 
     /// The next signal received, as its number.

@@ -64,7 +64,10 @@ const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
 
 impl Child {
     pub fn spawn(spec: Spec<'_>) -> Result<Child, SpawnError> {
-        let (program, args) = spec.argv.split_first().expect("RunConfig guarantees a command");
+        let (program, args) = spec
+            .argv
+            .split_first()
+            .expect("RunConfig guarantees a command");
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -107,7 +110,15 @@ impl Child {
         let limit = spec.capture_limit;
         let stdout = Pump::start(out, spec.echo.then(tokio::io::stdout), limit);
         let stderr = Pump::start(err, spec.echo.then(tokio::io::stderr), limit);
-        Ok(Child { child, pgid, status: None, stdout, stderr, watchdog, terminal })
+        Ok(Child {
+            child,
+            pgid,
+            status: None,
+            stdout,
+            stderr,
+            watchdog,
+            terminal,
+        })
     }
 
     /// Waits for the direct child to exit. Cancel-safe; returns the same status once known.
@@ -208,13 +219,20 @@ impl Pump {
         let capture = Arc::new(Mutex::new(Capture::default()));
         let seen = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(pump(from, echo, limit, capture.clone(), seen.clone()));
-        Pump { task, capture, seen }
+        Pump {
+            task,
+            capture,
+            seen,
+        }
     }
 
     async fn drain(&mut self) -> Capture {
         loop {
             let before = self.seen.load(Ordering::Relaxed);
-            if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.task).await.is_ok() {
+            if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.task)
+                .await
+                .is_ok()
+            {
                 break;
             }
             if self.seen.load(Ordering::Relaxed) == before {
@@ -226,8 +244,13 @@ impl Pump {
     }
 }
 
-async fn pump<R, W>(mut from: R, mut echo: Option<W>, limit: usize, capture: Arc<Mutex<Capture>>, seen: Arc<AtomicU64>)
-where
+async fn pump<R, W>(
+    mut from: R,
+    mut echo: Option<W>,
+    limit: usize,
+    capture: Arc<Mutex<Capture>>,
+    seen: Arc<AtomicU64>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -257,8 +280,15 @@ where
 }
 
 fn spawn_error(program: &OsString, e: &io::Error) -> SpawnError {
-    let exit_code = if e.kind() == io::ErrorKind::NotFound { 127 } else { 126 };
-    SpawnError { exit_code, message: format!("cannot run '{}': {e}", program.to_string_lossy()) }
+    let exit_code = if e.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    SpawnError {
+        exit_code,
+        message: format!("cannot run '{}': {e}", program.to_string_lossy()),
+    }
 }
 
 /// Maps a child's status to the stored form.
@@ -294,9 +324,20 @@ impl Watchdog {
                     libc::dup2(null, 1);
                     libc::dup2(null, 2);
                 }
-                let keep = if read_fd == 3 { 3 } else { libc::dup2(read_fd, 3) };
+                let keep = if read_fd == 3 {
+                    3
+                } else {
+                    libc::dup2(read_fd, 3)
+                };
                 libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
-                for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGTSTP, libc::SIGPIPE] {
+                for sig in [
+                    libc::SIGINT,
+                    libc::SIGTERM,
+                    libc::SIGHUP,
+                    libc::SIGQUIT,
+                    libc::SIGTSTP,
+                    libc::SIGPIPE,
+                ] {
                     libc::signal(sig, libc::SIG_IGN);
                 }
                 let mut byte = 0u8;
@@ -313,7 +354,10 @@ impl Watchdog {
             },
             pid => {
                 drop(read);
-                Ok(Watchdog { write, pid: Pid::from_raw(pid) })
+                Ok(Watchdog {
+                    write,
+                    pid: Pid::from_raw(pid),
+                })
             }
         }
     }

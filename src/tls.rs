@@ -24,7 +24,12 @@ pub fn parse_sslmode(mode: &str) -> Result<(SslMode, bool)> {
         "prefer" => (SslMode::Prefer, false),
         "require" => (SslMode::Require, false),
         "verify-ca" | "verify-full" => (SslMode::Require, true),
-        other => return Err(Failure::Usage(format!("unknown sslmode '{other}' (disable, prefer, require, verify-ca, verify-full)")).into()),
+        other => {
+            return Err(Failure::Usage(format!(
+                "unknown sslmode '{other}' (disable, prefer, require, verify-ca, verify-full)"
+            ))
+            .into())
+        }
     })
 }
 
@@ -50,7 +55,9 @@ pub fn connector(verify: bool) -> Result<MakeRustlsConnect> {
         .with_safe_default_protocol_versions()
         .context("cannot set up TLS")?;
     let config = if verify {
-        builder.with_root_certificates(root_store()?).with_no_client_auth()
+        builder
+            .with_root_certificates(root_store()?)
+            .with_no_client_auth()
     } else {
         builder
             .dangerous()
@@ -69,7 +76,9 @@ fn root_store() -> Result<RootCertStore> {
         for cert in CertificateDer::pem_file_iter(&path)
             .with_context(|| format!("cannot read PGSSLROOTCERT {}", path.to_string_lossy()))?
         {
-            roots.add(cert.context("bad certificate in PGSSLROOTCERT")?).context("bad certificate in PGSSLROOTCERT")?;
+            roots
+                .add(cert.context("bad certificate in PGSSLROOTCERT")?)
+                .context("bad certificate in PGSSLROOTCERT")?;
         }
     }
     Ok(roots)
@@ -98,7 +107,12 @@ impl ServerCertVerifier for EncryptOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -107,7 +121,12 @@ impl ServerCertVerifier for EncryptOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

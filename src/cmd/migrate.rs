@@ -8,6 +8,9 @@ use crate::exit::Exit;
 
 pub async fn run(db: &DbArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    println!("schema \"{}\" is at version {SCHEMA_VERSION}", db.schema.name());
+    println!(
+        "schema \"{}\" is at version {SCHEMA_VERSION}",
+        db.schema.name()
+    );
     Ok(Exit::Code(0))
 }

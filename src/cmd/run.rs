@@ -44,7 +44,9 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         sig = signals.recv() => return Ok(Exit::from_signal(sig)),
     };
     let me = Me {
-        host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "unknown".into()),
+        host: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into()),
         pid: std::process::id() as i32,
     };
 
@@ -99,7 +101,16 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
             }
         }
         let sent = Instant::now();
-        let holder = match lease::acquire(&db.client, &db.schema, &cfg.target, cfg.ttl, &me.host, me.pid).await? {
+        let holder = match lease::acquire(
+            &db.client,
+            &db.schema,
+            &cfg.target,
+            cfg.ttl,
+            &me.host,
+            me.pid,
+        )
+        .await?
+        {
             Acquired::Held(l) => {
                 spinner.clear();
                 return Ok(Obtained::Lease(l, sent));
@@ -121,14 +132,22 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
             match db.client.batch_execute(&listen).await {
                 // Try again at once: the release may have happened before LISTEN took effect.
                 Ok(()) => continue,
-                Err(e) => info!("LISTEN failed ({}); polling every {}", db::reason(&e), crate::fmt::duration(WAIT_POLL)),
+                Err(e) => info!(
+                    "LISTEN failed ({}); polling every {}",
+                    db::reason(&e),
+                    crate::fmt::duration(WAIT_POLL)
+                ),
             }
         }
         if awaited != Some(holder.fence) {
             info!("waiting for '{}': {}", cfg.target, holder.describe());
             awaited = Some(holder.fence);
         }
-        spinner.show(format!("waiting for '{}': {}", cfg.target, holder.describe()));
+        spinner.show(format!(
+            "waiting for '{}': {}",
+            cfg.target,
+            holder.describe()
+        ));
 
         // Wake on a release of our target, at the holder's expiry, or at the fallback poll.
         let poll = WAIT_POLL.min(holder.expires_in + Duration::from_millis(20));
@@ -158,7 +177,10 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
 
 /// Resolves when a release of `target` is announced. If the connection's notification stream
 /// ended, never resolves: polling takes over.
-async fn released(rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>, target: &str) {
+async fn released(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    target: &str,
+) {
     while let Some(n) = rx.recv().await {
         if n.payload() == target {
             return;
@@ -171,7 +193,9 @@ async fn released(rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::
 /// return its exit code instead of running again. A run that was `lost` or `interrupted` (or
 /// whose stdout was cut) is not shared: the waiters compete and one of them runs.
 async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Exit>> {
-    let Some((run, truncated)) = lease::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await? else {
+    let Some((run, truncated)) =
+        lease::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
+    else {
         return Ok(None);
     };
     let exit = match run.outcome {
@@ -181,7 +205,10 @@ async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Ex
             (None, None) => return Ok(None),
         },
         Outcome::TimedOut => Exit::TIMED_OUT,
-        Outcome::ExecFailed => run.exit_code.and_then(|c| u8::try_from(c).ok()).unwrap_or(Exit::NOT_FOUND),
+        Outcome::ExecFailed => run
+            .exit_code
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(Exit::NOT_FOUND),
         Outcome::Lost | Outcome::Interrupted => return Ok(None),
     };
     if truncated {
@@ -207,9 +234,20 @@ enum Ending {
     Interrupted(i32),
 }
 
-async fn execute(db: &mut Db, cfg: &RunConfig, me: &Me, lease: Lease, acquired_at: Instant, signals: &mut Signals) -> Result<Exit> {
+async fn execute(
+    db: &mut Db,
+    cfg: &RunConfig,
+    me: &Me,
+    lease: Lease,
+    acquired_at: Instant,
+    signals: &mut Signals,
+) -> Result<Exit> {
     let run_id = Uuid::new_v4();
-    let argv: Vec<String> = cfg.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    let argv: Vec<String> = cfg
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
     let started = Instant::now();
     let spec = Spec {
         argv: &cfg.command,
@@ -276,10 +314,18 @@ async fn execute(db: &mut Db, cfg: &RunConfig, me: &Me, lease: Lease, acquired_a
             let (first, outcome, exit) = match ending {
                 Ending::Interrupted(sig) => {
                     info!("received signal {sig}; forwarding it to the command");
-                    (Signal::try_from(sig).unwrap_or(Signal::SIGTERM), Outcome::Interrupted, Exit::from_signal(sig))
+                    (
+                        Signal::try_from(sig).unwrap_or(Signal::SIGTERM),
+                        Outcome::Interrupted,
+                        Exit::from_signal(sig),
+                    )
                 }
                 _ => {
-                    eprintln!("leasectl: '{}' timed out after {}; stopping the command", cfg.target, crate::fmt::duration(cfg.timeout.unwrap_or_default()));
+                    eprintln!(
+                        "leasectl: '{}' timed out after {}; stopping the command",
+                        cfg.target,
+                        crate::fmt::duration(cfg.timeout.unwrap_or_default())
+                    );
                     (Signal::SIGTERM, Outcome::TimedOut, Exit::TimedOut)
                 }
             };
@@ -301,7 +347,11 @@ async fn execute(db: &mut Db, cfg: &RunConfig, me: &Me, lease: Lease, acquired_a
     let (out, err): (Capture, Capture) = child.finish().await;
     let record = RunRecord {
         id: run_id,
-        outcome: if lost.is_some() { Outcome::Lost } else { outcome },
+        outcome: if lost.is_some() {
+            Outcome::Lost
+        } else {
+            outcome
+        },
         status: Some(status),
         exit_code_override: None,
         argv,
@@ -329,23 +379,47 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 /// The fenced save, retried across connection failures for as long as the lease could still
 /// be ours. A retry first looks for the run id, in case a lost connection hid a commit.
-async fn store(db: &mut Db, cfg: &RunConfig, lease: &Lease, record: &RunRecord<'_>, exit: Exit) -> Result<Exit> {
+async fn store(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    record: &RunRecord<'_>,
+    exit: Exit,
+) -> Result<Exit> {
     let give_up_at = Instant::now() + cfg.ttl.max(Duration::from_secs(10));
     let mut delay = Duration::from_millis(100);
     let mut attempt = 0;
     loop {
         let event_type = cfg.event_type.as_deref();
-        let result = lease::save_fenced(&mut db.client, &db.schema, lease, record, event_type, attempt > 0).await;
+        let result = lease::save_fenced(
+            &mut db.client,
+            &db.schema,
+            lease,
+            record,
+            event_type,
+            attempt > 0,
+        )
+        .await;
         attempt += 1;
         match result {
             Ok(Saved::Stored) => {
-                info!("stored run {} of '{}' ({})", record.id, lease.target, record.outcome.as_str());
+                info!(
+                    "stored run {} of '{}' ({})",
+                    record.id,
+                    lease.target,
+                    record.outcome.as_str()
+                );
                 return Ok(exit);
             }
             Ok(Saved::NotOwner) => {
-                let reason = "the lease was taken over before the result could be stored".to_owned();
+                let reason =
+                    "the lease was taken over before the result could be stored".to_owned();
                 warn!("{reason}");
-                let lost = RunRecord { outcome: Outcome::Lost, error: Some(reason), ..clone_record(record) };
+                let lost = RunRecord {
+                    outcome: Outcome::Lost,
+                    error: Some(reason),
+                    ..clone_record(record)
+                };
                 return record_lost(db, lease, &lost).await;
             }
             Err(e) if Instant::now() < give_up_at && is_unavailable(&e) => {
@@ -370,7 +444,11 @@ fn is_unavailable(e: &anyhow::Error) -> bool {
 }
 
 fn clone_record<'a>(r: &RunRecord<'a>) -> RunRecord<'a> {
-    RunRecord { argv: r.argv.clone(), error: r.error.clone(), ..*r }
+    RunRecord {
+        argv: r.argv.clone(),
+        error: r.error.clone(),
+        ..*r
+    }
 }
 
 fn describe_status(r: &RunRecord<'_>) -> String {
@@ -390,8 +468,14 @@ async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Resu
         stored = lease::record_lost(&db.client, &db.schema, lease, record).await;
     }
     match stored {
-        Ok(()) => eprintln!("leasectl: lease on '{}' lost; no result stored (output kept as lost run {})", lease.target, record.id),
-        Err(e) => warn!("lease on '{}' lost, and the lost run could not be recorded: {e:#}", lease.target),
+        Ok(()) => eprintln!(
+            "leasectl: lease on '{}' lost; no result stored (output kept as lost run {})",
+            lease.target, record.id
+        ),
+        Err(e) => warn!(
+            "lease on '{}' lost, and the lost run could not be recorded: {e:#}",
+            lease.target
+        ),
     }
     let _ = lease::release(&db.client, &db.schema, lease).await;
     Ok(Exit::LeaseLost)
@@ -450,14 +534,20 @@ impl<'a> Heartbeat<'a> {
             match timeout(limit, lease::heartbeat(&db.client, &db.schema, self.lease)).await {
                 Ok(Ok(true)) => {
                     if self.failures > 0 {
-                        warn!("heartbeat for '{}' recovered after {} failed attempts", self.lease.target, self.failures);
+                        warn!(
+                            "heartbeat for '{}' recovered after {} failed attempts",
+                            self.lease.target, self.failures
+                        );
                     }
                     self.failures = 0;
                     self.stop_at = sent + self.budget;
                     self.next_at = sent + self.interval;
                 }
                 Ok(Ok(false)) => {
-                    return format!("the lease on '{}' was taken over or force-released", self.lease.target);
+                    return format!(
+                        "the lease on '{}' was taken over or force-released",
+                        self.lease.target
+                    );
                 }
                 Ok(Err(e)) => self.failed(db, &db::reason(&e)).await,
                 Err(_) => self.failed(db, "timed out").await,
@@ -475,7 +565,11 @@ impl<'a> Heartbeat<'a> {
                 crate::fmt::duration(left)
             );
         } else {
-            info!("heartbeat attempt {} failed ({why}); {} left", self.failures, crate::fmt::duration(left));
+            info!(
+                "heartbeat attempt {} failed ({why}); {} left",
+                self.failures,
+                crate::fmt::duration(left)
+            );
         }
         // A fresh connection, in case this one is dead or hung; bounded by the deadline.
         if let Ok(Err(e)) = timeout(left, db.reconnect()).await {
@@ -508,4 +602,3 @@ impl Spinner {
         }
     }
 }
-

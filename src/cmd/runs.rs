@@ -22,7 +22,10 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
     );
     let rows = db
         .client
-        .query_typed(&sql, &[(&args.target, Type::TEXT), (&args.limit, Type::INT8)])
+        .query_typed(
+            &sql,
+            &[(&args.target, Type::TEXT), (&args.limit, Type::INT8)],
+        )
         .await
         .context("cannot list runs")?;
 
@@ -77,7 +80,9 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
             ]
         })
         .collect();
-    let header = ["RUN", "FENCE", "OUTCOME", "EXIT", "FINISHED", "TOOK", "HOST"];
+    let header = [
+        "RUN", "FENCE", "OUTCOME", "EXIT", "FINISHED", "TOOK", "HOST",
+    ];
     super::print(fmt::table(&header, &table).as_bytes())?;
     Ok(Exit::Code(0))
 }

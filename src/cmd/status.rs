@@ -29,7 +29,11 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
           WHERE $1::text IS NULL OR l.target = $1
           ORDER BY l.target",
     );
-    let targets = db.client.query_typed(&sql, &[(&args.target, Type::TEXT)]).await.context("cannot read the leases")?;
+    let targets = db
+        .client
+        .query_typed(&sql, &[(&args.target, Type::TEXT)])
+        .await
+        .context("cannot read the leases")?;
     let backlog = db
         .client
         .query_typed(
@@ -88,7 +92,9 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 (Some(h), Some(p)) => format!("{h} pid {p}"),
                 _ => "-".into(),
             };
-            let heartbeat = r.get::<_, Option<i64>>(5).map_or("-".into(), |ms| format!("{} ago", fmt::duration(fmt::millis(ms))));
+            let heartbeat = r.get::<_, Option<i64>>(5).map_or("-".into(), |ms| {
+                format!("{} ago", fmt::duration(fmt::millis(ms)))
+            });
             let last = match r.get::<_, Option<&str>>(8) {
                 None => "-".into(),
                 Some(outcome) => {
@@ -121,10 +127,25 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
             None => "no targets yet\n".to_owned(),
         }
     } else {
-        fmt::table(&["TARGET", "STATE", "HOLDER", "FENCE", "HEARTBEAT", "TTL", "LAST RUN"], &rows)
+        fmt::table(
+            &[
+                "TARGET",
+                "STATE",
+                "HOLDER",
+                "FENCE",
+                "HEARTBEAT",
+                "TTL",
+                "LAST RUN",
+            ],
+            &rows,
+        )
     };
-    let oldest = oldest.map_or(String::new(), |ms| format!(", oldest pending {} old", fmt::duration(fmt::millis(ms))));
-    out.push_str(&format!("\noutbox: {pending} pending, {dead} dead{oldest}\n"));
+    let oldest = oldest.map_or(String::new(), |ms| {
+        format!(", oldest pending {} old", fmt::duration(fmt::millis(ms)))
+    });
+    out.push_str(&format!(
+        "\noutbox: {pending} pending, {dead} dead{oldest}\n"
+    ));
     super::print(out.as_bytes())?;
     Ok(Exit::Code(0))
 }

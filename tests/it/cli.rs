@@ -15,19 +15,83 @@ fn leasectl() -> Command {
 fn bad_targets_durations_and_flags_are_usage_errors() {
     let long = "x".repeat(300);
     let cases: &[(&[&str], &str)] = &[
-        (&["run", "--target", "", "--", "true"], "the target is empty"),
-        (&["run", "--target", &long, "--", "true"], "300 characters long"),
-        (&["run", "--target", "a\tb", "--", "true"], "control character"),
-        (&["run", "--target", "t", "--ttl", "soon", "--", "true"], "'soon' is not a duration"),
-        (&["run", "--target", "t", "--ttl", "30", "--", "true"], "has no unit"),
-        (&["run", "--target", "t", "--ttl", "10s", "--heartbeat", "5s", "--", "true"], "do not fit in --ttl 10s"),
-        (&["run", "--target", "t", "--ttl", "10s", "--kill-after", "9s", "--", "true"], "do not fit"),
+        (
+            &["run", "--target", "", "--", "true"],
+            "the target is empty",
+        ),
+        (
+            &["run", "--target", &long, "--", "true"],
+            "300 characters long",
+        ),
+        (
+            &["run", "--target", "a\tb", "--", "true"],
+            "control character",
+        ),
+        (
+            &["run", "--target", "t", "--ttl", "soon", "--", "true"],
+            "'soon' is not a duration",
+        ),
+        (
+            &["run", "--target", "t", "--ttl", "30", "--", "true"],
+            "has no unit",
+        ),
+        (
+            &[
+                "run",
+                "--target",
+                "t",
+                "--ttl",
+                "10s",
+                "--heartbeat",
+                "5s",
+                "--",
+                "true",
+            ],
+            "do not fit in --ttl 10s",
+        ),
+        (
+            &[
+                "run",
+                "--target",
+                "t",
+                "--ttl",
+                "10s",
+                "--kill-after",
+                "9s",
+                "--",
+                "true",
+            ],
+            "do not fit",
+        ),
         (&["run", "--target", "t"], "<COMMAND>"),
-        (&["run", "--target", "t", "echo", "hi"], "unexpected argument 'echo'"),
-        (&["run", "--target", "t", "--busy-exit-code", "300", "--", "true"], "--busy-exit-code"),
-        (&["run", "--target", "t", "--timeout", "0s", "--", "true"], "--timeout must be longer than 0"),
-        (&["--schema", "bad-name", "status"], "not a valid schema name"),
-        (&["--schema", "x\"; drop table y; --", "status"], "not a valid schema name"),
+        (
+            &["run", "--target", "t", "echo", "hi"],
+            "unexpected argument 'echo'",
+        ),
+        (
+            &[
+                "run",
+                "--target",
+                "t",
+                "--busy-exit-code",
+                "300",
+                "--",
+                "true",
+            ],
+            "--busy-exit-code",
+        ),
+        (
+            &["run", "--target", "t", "--timeout", "0s", "--", "true"],
+            "--timeout must be longer than 0",
+        ),
+        (
+            &["--schema", "bad-name", "status"],
+            "not a valid schema name",
+        ),
+        (
+            &["--schema", "x\"; drop table y; --", "status"],
+            "not a valid schema name",
+        ),
         (&["runs", "--target", "t", "--limit", "0"], "--limit"),
         (&["output", "--target", "t", "--run", "not-a-uuid"], "--run"),
         (&["release", "--target", "t"], "--force"),
@@ -35,7 +99,12 @@ fn bad_targets_durations_and_flags_are_usage_errors() {
     ];
     for (args, needle) in cases {
         // Usage errors are caught before connecting: an unreachable database must not matter.
-        let out = leasectl().arg("--database-url").arg("postgres://nobody@127.0.0.1:1/x").args(*args).output().unwrap();
+        let out = leasectl()
+            .arg("--database-url")
+            .arg("postgres://nobody@127.0.0.1:1/x")
+            .args(*args)
+            .output()
+            .unwrap();
         assert_one_line_error(&out, 2, needle);
     }
 }
@@ -43,17 +112,33 @@ fn bad_targets_durations_and_flags_are_usage_errors() {
 #[test]
 fn an_unreachable_database_exits_69_naming_the_host_without_the_password() {
     let out = leasectl()
-        .args(["--database-url", "postgres://app:s3cret-pw@127.0.0.1:1/appdb", "run", "--target", "t", "--", "true"])
+        .args([
+            "--database-url",
+            "postgres://app:s3cret-pw@127.0.0.1:1/appdb",
+            "run",
+            "--target",
+            "t",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_one_line_error(&out, 69, "127.0.0.1:1");
     assert!(!stderr(&out).contains("s3cret-pw"));
     // Same through DATABASE_URL and for a rejected login (wrong database).
-    let out = leasectl().env("DATABASE_URL", "postgres://app:s3cret-pw@127.0.0.1:1/appdb").arg("status").output().unwrap();
+    let out = leasectl()
+        .env("DATABASE_URL", "postgres://app:s3cret-pw@127.0.0.1:1/appdb")
+        .arg("status")
+        .output()
+        .unwrap();
     assert_one_line_error(&out, 69, "cannot connect to PostgreSQL");
     assert!(!stderr(&out).contains("s3cret-pw"));
     let out = leasectl()
-        .args(["--database-url", "dbname=leasectl_no_such_db password=s3cret-pw", "status"])
+        .args([
+            "--database-url",
+            "dbname=leasectl_no_such_db password=s3cret-pw",
+            "status",
+        ])
         .output()
         .unwrap();
     assert_one_line_error(&out, 69, "leasectl_no_such_db");
@@ -62,7 +147,14 @@ fn an_unreachable_database_exits_69_naming_the_host_without_the_password() {
 
 #[test]
 fn a_malformed_database_url_is_a_usage_error_without_the_password() {
-    let out = leasectl().args(["--database-url", "postgres://u:s3cret@host:notaport/db", "status"]).output().unwrap();
+    let out = leasectl()
+        .args([
+            "--database-url",
+            "postgres://u:s3cret@host:notaport/db",
+            "status",
+        ])
+        .output()
+        .unwrap();
     assert_one_line_error(&out, 2, "invalid --database-url");
     assert!(!stderr(&out).contains("s3cret"));
 }
@@ -79,7 +171,16 @@ fn the_local_socket_and_current_user_are_the_default() {
         .env_remove("PGHOST")
         .env_remove("PGUSER")
         .env("PGDATABASE", "leasectl_test")
-        .args(["--schema", &env.schema, "run", "--target", "sock", "--", "echo", "via-socket"])
+        .args([
+            "--schema",
+            &env.schema,
+            "run",
+            "--target",
+            "sock",
+            "--",
+            "echo",
+            "via-socket",
+        ])
         .output()
         .unwrap();
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -94,7 +195,18 @@ fn version_and_help() {
     assert!(stdout(&out).starts_with("leasectl "));
     let out = leasectl().args(["run", "--help"]).output().unwrap();
     assert_eq!(code(&out), 0);
-    for flag in ["--ttl", "--heartbeat", "--wait", "--reuse-within", "--timeout", "--kill-after", "--busy-exit-code", "--event-type", "--no-event", "--quiet"] {
+    for flag in [
+        "--ttl",
+        "--heartbeat",
+        "--wait",
+        "--reuse-within",
+        "--timeout",
+        "--kill-after",
+        "--busy-exit-code",
+        "--event-type",
+        "--no-event",
+        "--quiet",
+    ] {
         assert!(stdout(&out).contains(flag), "run --help lacks {flag}");
     }
 }

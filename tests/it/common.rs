@@ -19,11 +19,15 @@ use leasectl::db::Settings;
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
 pub fn database_url() -> String {
-    std::env::var("LEASECTL_TEST_DATABASE_URL").unwrap_or_else(|_| "dbname=leasectl_test".to_owned())
+    std::env::var("LEASECTL_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "dbname=leasectl_test".to_owned())
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Creates the test database once per process when the default URL is used.
@@ -35,11 +39,17 @@ fn ensure_database() {
         }
         runtime().block_on(async {
             let settings = Settings::new(Some("dbname=postgres")).unwrap();
-            let client = settings.open_client().await.expect("cannot reach PostgreSQL for tests (see README: Tests)");
+            let client = settings
+                .open_client()
+                .await
+                .expect("cannot reach PostgreSQL for tests (see README: Tests)");
             if let Err(e) = client.batch_execute("CREATE DATABASE leasectl_test").await {
                 let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
                 // 42P04: exists; 23505: a parallel test process created it at the same moment.
-                assert!(code == "42P04" || code == "23505", "cannot create the test database: {e}");
+                assert!(
+                    code == "42P04" || code == "23505",
+                    "cannot create the test database: {e}"
+                );
             }
         });
     });
@@ -54,8 +64,15 @@ pub struct Env {
 impl Env {
     pub fn new() -> Env {
         ensure_database();
-        let schema = format!("t_{}", uuid::Uuid::new_v4().simple().to_string().get(..16).unwrap());
-        Env { schema, url: database_url(), dir: tempfile::tempdir().unwrap() }
+        let schema = format!(
+            "t_{}",
+            uuid::Uuid::new_v4().simple().to_string().get(..16).unwrap()
+        );
+        Env {
+            schema,
+            url: database_url(),
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     /// `leasectl --database-url … --schema …` as a std Command (spawnable, for concurrency).
@@ -83,7 +100,12 @@ impl Env {
 
     /// Spawns leasectl with `args`, output piped.
     pub fn spawn(&self, args: &[&str]) -> std::process::Child {
-        self.command().args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        self.command()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -95,8 +117,15 @@ impl Env {
         let url = self.url.clone();
         let full = format!("SET search_path = \"{}\"; {sql}", self.schema);
         runtime().block_on(async move {
-            let client = Settings::new(Some(&url)).unwrap().open_client().await.unwrap();
-            let msgs = client.simple_query(&full).await.unwrap_or_else(|e| panic!("{full}: {e:?}"));
+            let client = Settings::new(Some(&url))
+                .unwrap()
+                .open_client()
+                .await
+                .unwrap();
+            let msgs = client
+                .simple_query(&full)
+                .await
+                .unwrap_or_else(|e| panic!("{full}: {e:?}"));
             msgs.into_iter()
                 .filter_map(|m| match m {
                     tokio_postgres::SimpleQueryMessage::Row(r) => {
@@ -118,7 +147,11 @@ impl Env {
     /// `leasectl status --json`, parsed.
     pub fn status(&self) -> serde_json::Value {
         let out = self.run(&["status", "--json"]);
-        assert!(out.status.success(), "status failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 }
@@ -150,14 +183,21 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// Waits for a file to exist and returns its trimmed contents.
 pub fn wait_for_file(path: &Path) -> String {
-    wait_for(&format!("{}", path.display()), || path.exists() && !std::fs::read_to_string(path).unwrap_or_default().is_empty());
+    wait_for(&format!("{}", path.display()), || {
+        path.exists() && !std::fs::read_to_string(path).unwrap_or_default().is_empty()
+    });
     std::fs::read_to_string(path).unwrap().trim().to_owned()
 }
 
 /// True while a process with this pid exists (and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'),
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
         Err(_) => false,
     }
 }
@@ -178,7 +218,10 @@ pub fn finish(mut child: std::process::Child) -> Output {
         }
         if start.elapsed() > PATIENCE {
             let _ = child.kill();
-            panic!("leasectl did not exit in time: {:?}", child.wait_with_output().unwrap());
+            panic!(
+                "leasectl did not exit in time: {:?}",
+                child.wait_with_output().unwrap()
+            );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -200,9 +243,16 @@ pub fn code(o: &Output) -> i32 {
 pub fn assert_one_line_error(o: &Output, expected_code: i32, needle: &str) {
     let err = stderr(o);
     assert_eq!(code(o), expected_code, "stderr: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "expected one line, got: {err:?}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "expected one line, got: {err:?}"
+    );
     assert!(err.contains(needle), "expected {needle:?} in {err:?}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "{err}"
+    );
 }
 
 /// A spawned leasectl whose stderr is collected by a thread, so a test can wait for a message
@@ -225,10 +275,16 @@ impl Watched {
                 if n == 0 {
                     break;
                 }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
-        Watched { child, stderr, reader: Some(reader) }
+        Watched {
+            child,
+            stderr,
+            reader: Some(reader),
+        }
     }
 
     pub fn stderr(&self) -> String {
@@ -236,12 +292,17 @@ impl Watched {
     }
 
     pub fn wait_for_stderr(&self, needle: &str) {
-        wait_for(&format!("{needle:?} on stderr"), || self.stderr().contains(needle));
+        wait_for(&format!("{needle:?} on stderr"), || {
+            self.stderr().contains(needle)
+        });
     }
 
     /// Waits for exit; returns the output with the collected stderr.
     pub fn finish(mut self) -> Output {
-        let mut out = finish(std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap()));
+        let mut out = finish(std::mem::replace(
+            &mut self.child,
+            Command::new("true").spawn().unwrap(),
+        ));
         if let Some(r) = self.reader.take() {
             r.join().unwrap();
         }

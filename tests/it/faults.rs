@@ -24,10 +24,16 @@ fn a_dropped_connection_is_reconnected_and_the_job_keeps_its_lease() {
     let name = format!("hb_{}", env.schema);
     let started = env.path("started");
     let gate = env.path("gate");
-    let script = format!("touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo finished", started.display(), gate.display());
+    let script = format!(
+        "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo finished",
+        started.display(),
+        gate.display()
+    );
     let holder = Watched::new(
         env.command_at(&url_named(&env, &name))
-            .args(["run", "--target", "h", "--ttl", "2s", "--", "sh", "-c", &script])
+            .args([
+                "run", "--target", "h", "--ttl", "2s", "--", "sh", "-c", &script,
+            ])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -39,7 +45,9 @@ fn a_dropped_connection_is_reconnected_and_the_job_keeps_its_lease() {
     holder.wait_for_stderr("recovered after");
     // The lease is still held and being renewed.
     let before = env.scalar("SELECT heartbeat_at FROM leases");
-    wait_for("another heartbeat", || env.scalar("SELECT heartbeat_at FROM leases") != before);
+    wait_for("another heartbeat", || {
+        env.scalar("SELECT heartbeat_at FROM leases") != before
+    });
     std::fs::write(&gate, "").unwrap();
     let o = holder.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -52,10 +60,23 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
     let env = Env::new();
     let pidfile = env.path("pid");
     let ttl = Duration::from_secs(2);
-    let holder = Watched::new(env.spawn(&["run", "--target", "d", "--ttl", "2s", "--", "sh", "-c", &format!("echo $$ > '{}'; exec sleep 60", pidfile.display())]));
+    let holder = Watched::new(env.spawn(&[
+        "run",
+        "--target",
+        "d",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo $$ > '{}'; exec sleep 60", pidfile.display()),
+    ]));
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut client = Settings::new(Some(&env.url)).unwrap().open_client().await.unwrap();
         let tx = client.transaction().await.unwrap();
@@ -74,7 +95,11 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
     });
     let o = holder.finish();
     assert_eq!(code(&o), 76, "{}", stderr(&o));
-    assert!(stderr(&o).contains("heartbeat for 'd' failed"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("heartbeat for 'd' failed"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(env.scalar("SELECT outcome FROM runs"), "lost");
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
 }

@@ -7,9 +7,22 @@ use crate::lease::wait_for_file_exists;
 #[test]
 fn status_json_has_the_documented_keys_for_held_and_free_targets() {
     let env = Env::new();
-    assert_eq!(code(&env.run(&["run", "--target", "done", "--", "sh", "-c", "exit 4"])), 4);
+    assert_eq!(
+        code(&env.run(&["run", "--target", "done", "--", "sh", "-c", "exit 4"])),
+        4
+    );
     let started = env.path("started");
-    let holder = env.spawn(&["run", "--target", "busy", "--ttl", "1m", "--", "sh", "-c", &format!("touch '{}'; sleep 30", started.display())]);
+    let holder = env.spawn(&[
+        "run",
+        "--target",
+        "busy",
+        "--ttl",
+        "1m",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch '{}'; sleep 30", started.display()),
+    ]);
     wait_for_file_exists(&started);
 
     let s = env.status();
@@ -41,7 +54,12 @@ fn status_json_has_the_documented_keys_for_held_and_free_targets() {
     let one: serde_json::Value = serde_json::from_slice(&one.stdout).unwrap();
     assert_eq!(one["targets"].as_array().unwrap().len(), 1);
     let table = stdout(&env.run(&["status"]));
-    assert!(table.contains("busy") && table.contains("held") && table.contains(&format!("pid {}", holder.id())), "{table}");
+    assert!(
+        table.contains("busy")
+            && table.contains("held")
+            && table.contains(&format!("pid {}", holder.id())),
+        "{table}"
+    );
     assert!(table.contains("outbox: 1 pending, 0 dead"), "{table}");
 
     kill(holder.id(), libc::SIGTERM);
@@ -60,12 +78,28 @@ fn runs_lists_newest_first_with_outcomes_and_limit() {
         env.run(&["run", "--target", "r", "--", "sh", "-c", script]);
     }
     env.run(&["run", "--target", "r", "--", "/nonexistent"]);
-    let all: serde_json::Value = serde_json::from_slice(&env.run(&["runs", "--target", "r", "--json"]).stdout).unwrap();
+    let all: serde_json::Value =
+        serde_json::from_slice(&env.run(&["runs", "--target", "r", "--json"]).stdout).unwrap();
     let runs = all["runs"].as_array().unwrap();
-    let summary: Vec<String> = runs.iter().map(|r| format!("{}:{}:{}", r["fence"], r["outcome"], r["exit_code"])).collect();
-    assert_eq!(summary, ["4:\"exec_failed\":127", "3:\"completed\":null", "2:\"completed\":1", "1:\"completed\":0"]);
+    let summary: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{}:{}:{}", r["fence"], r["outcome"], r["exit_code"]))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "4:\"exec_failed\":127",
+            "3:\"completed\":null",
+            "2:\"completed\":1",
+            "1:\"completed\":0"
+        ]
+    );
     assert_eq!(runs[1]["signal"], 9);
-    let limited: serde_json::Value = serde_json::from_slice(&env.run(&["runs", "--target", "r", "--limit", "1", "--json"]).stdout).unwrap();
+    let limited: serde_json::Value = serde_json::from_slice(
+        &env.run(&["runs", "--target", "r", "--limit", "1", "--json"])
+            .stdout,
+    )
+    .unwrap();
     assert_eq!(limited["runs"].as_array().unwrap().len(), 1);
     let table = stdout(&env.run(&["runs", "--target", "r"]));
     assert_eq!(table.lines().count(), 5, "{table}");
@@ -91,8 +125,19 @@ fn release_of_a_free_target_says_so() {
 fn no_event_and_custom_event_types() {
     let env = Env::new();
     env.run(&["run", "--target", "ev", "--no-event", "--", "true"]);
-    env.run(&["run", "--target", "ev", "--event-type", "report.built", "--", "true"]);
-    assert_eq!(env.scalar("SELECT string_agg(type, ',') FROM outbox"), "report.built");
+    env.run(&[
+        "run",
+        "--target",
+        "ev",
+        "--event-type",
+        "report.built",
+        "--",
+        "true",
+    ]);
+    assert_eq!(
+        env.scalar("SELECT string_agg(type, ',') FROM outbox"),
+        "report.built"
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "2");
 }
 
@@ -101,8 +146,17 @@ fn applications_insert_their_own_events_with_only_the_four_public_columns() {
     let env = Env::new();
     env.run(&["migrate"]);
     env.sql("BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '42', 'order.paid', '{\"total\": 1500}'); COMMIT;");
-    let row = &env.sql("SELECT id IS NOT NULL, seq > 0, created_at <= now(), attempts FROM outbox")[0];
-    assert_eq!(row, &vec![Some("t".into()), Some("t".into()), Some("t".into()), Some("0".into())]);
+    let row =
+        &env.sql("SELECT id IS NOT NULL, seq > 0, created_at <= now(), attempts FROM outbox")[0];
+    assert_eq!(
+        row,
+        &vec![
+            Some("t".into()),
+            Some("t".into()),
+            Some("t".into()),
+            Some("0".into())
+        ]
+    );
     assert_eq!(env.status()["outbox"]["pending"], 1);
 }
 
@@ -112,7 +166,15 @@ fn two_schemas_do_not_see_each_other() {
     let mut b = Env::new();
     b.url = a.url.clone();
     let started = a.path("started");
-    let holder = a.spawn(&["run", "--target", "same", "--", "sh", "-c", &format!("touch '{}'; sleep 30", started.display())]);
+    let holder = a.spawn(&[
+        "run",
+        "--target",
+        "same",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch '{}'; sleep 30", started.display()),
+    ]);
     wait_for_file_exists(&started);
     // Same target name, other schema: not busy.
     assert_eq!(code(&b.run(&["run", "--target", "same", "--", "true"])), 0);
@@ -127,13 +189,21 @@ fn two_schemas_do_not_see_each_other() {
 #[test]
 fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     let env = Env::new();
-    let children: Vec<_> = (0..6).map(|i| env.spawn(&["run", "--target", &format!("m{i}"), "--", "true"])).collect();
+    let children: Vec<_> = (0..6)
+        .map(|i| env.spawn(&["run", "--target", &format!("m{i}"), "--", "true"]))
+        .collect();
     for o in children.into_iter().map(finish) {
         assert_eq!(code(&o), 0, "{}", stderr(&o));
     }
-    assert_eq!(env.scalar("SELECT string_agg(version::text, ',') FROM schema_migrations"), "1");
+    assert_eq!(
+        env.scalar("SELECT string_agg(version::text, ',') FROM schema_migrations"),
+        "1"
+    );
     let o = env.run(&["migrate"]);
-    assert_eq!(stdout(&o), format!("schema \"{}\" is at version 1\n", env.schema));
+    assert_eq!(
+        stdout(&o),
+        format!("schema \"{}\" is at version 1\n", env.schema)
+    );
 }
 
 #[test]

@@ -12,9 +12,15 @@ fn sixteen_simultaneous_runs_exactly_one_runs_the_rest_exit_busy_promptly() {
     let count = env.path("count");
     // The winner blocks until the test opens the gate, so "promptly" means: every loser has
     // exited while the winner still holds the lease.
-    let script = format!("echo ran >> '{}'; while [ ! -e '{}' ]; do sleep 0.02; done", count.display(), gate.display());
-    let mut children: Vec<_> = (0..16).map(|_| env.spawn(&["run", "--target", "shared", "--", "sh", "-c", &script])).collect();
-    let mut exited = vec![None; 16];
+    let script = format!(
+        "echo ran >> '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+        count.display(),
+        gate.display()
+    );
+    let mut children: Vec<_> = (0..16)
+        .map(|_| env.spawn(&["run", "--target", "shared", "--", "sh", "-c", &script]))
+        .collect();
+    let mut exited = [None; 16];
     wait_for("15 contenders to exit while the winner runs", || {
         for (i, c) in children.iter_mut().enumerate() {
             if exited[i].is_none() {
@@ -26,12 +32,28 @@ fn sixteen_simultaneous_runs_exactly_one_runs_the_rest_exit_busy_promptly() {
     std::fs::write(&gate, "").unwrap();
     let outputs: Vec<_> = children.into_iter().map(finish).collect();
     let codes: Vec<i32> = outputs.iter().map(code).collect();
-    assert_eq!(codes.iter().filter(|&&c| c == 0).count(), 1, "codes: {codes:?}");
-    assert_eq!(codes.iter().filter(|&&c| c == 75).count(), 15, "codes: {codes:?}");
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 0).count(),
+        1,
+        "codes: {codes:?}"
+    );
+    assert_eq!(
+        codes.iter().filter(|&&c| c == 75).count(),
+        15,
+        "codes: {codes:?}"
+    );
     for o in outputs.iter().filter(|o| code(o) == 75) {
-        assert!(stderr(o).contains("'shared' is busy: held by"), "{}", stderr(o));
+        assert!(
+            stderr(o).contains("'shared' is busy: held by"),
+            "{}",
+            stderr(o)
+        );
     }
-    assert_eq!(std::fs::read_to_string(&count).unwrap().lines().count(), 1, "the command ran more than once");
+    assert_eq!(
+        std::fs::read_to_string(&count).unwrap().lines().count(),
+        1,
+        "the command ran more than once"
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
 
@@ -45,7 +67,10 @@ fn exit_codes_and_signals_pass_through_and_are_stored() {
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0);
     let rows = env.sql("SELECT outcome, exit_code, signal FROM runs ORDER BY fence");
-    let rows: Vec<Vec<String>> = rows.into_iter().map(|r| r.into_iter().map(|v| v.unwrap_or("null".into())).collect()).collect();
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| r.into_iter().map(|v| v.unwrap_or("null".into())).collect())
+        .collect();
     assert_eq!(
         rows,
         vec![
@@ -55,9 +80,9 @@ fn exit_codes_and_signals_pass_through_and_are_stored() {
         ]
     );
     // Each stored run has one event, with the documented payload.
-    let payload: serde_json::Value = serde_json::from_str(&env.scalar(
-        "SELECT payload FROM outbox WHERE payload->>'fence' = '2'",
-    ))
+    let payload: serde_json::Value = serde_json::from_str(
+        &env.scalar("SELECT payload FROM outbox WHERE payload->>'fence' = '2'"),
+    )
     .unwrap();
     assert_eq!(payload["exit_code"], serde_json::Value::Null);
     assert_eq!(payload["signal"], 15);
@@ -73,20 +98,30 @@ fn exec_failures_exit_126_or_127_and_release_the_lease() {
     let env = Env::new();
     let o = env.run(&["run", "--target", "t", "--", "/no/such/command"]);
     assert_eq!(code(&o), 127);
-    assert!(stderr(&o).contains("cannot run '/no/such/command'"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("cannot run '/no/such/command'"),
+        "{}",
+        stderr(&o)
+    );
     let script = env.path("not-executable.sh");
     std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
     let o = env.run(&["run", "--target", "t", "--", script.to_str().unwrap()]);
     assert_eq!(code(&o), 126, "{}", stderr(&o));
     assert_eq!(env.status()["targets"][0]["state"], "free");
-    assert_eq!(env.scalar("SELECT string_agg(outcome || ':' || exit_code, ',' ORDER BY fence) FROM runs"), "exec_failed:127,exec_failed:126");
+    assert_eq!(
+        env.scalar("SELECT string_agg(outcome || ':' || exit_code, ',' ORDER BY fence) FROM runs"),
+        "exec_failed:127,exec_failed:126"
+    );
     // Released means the next run gets it at once.
     assert_eq!(code(&env.run(&["run", "--target", "t", "--", "true"])), 0);
 }
 
 /// Reads LEASECTL_FENCE as printed by a run's command.
 fn fence_of(o: &std::process::Output) -> i64 {
-    stdout(o).trim().parse().unwrap_or_else(|_| panic!("no fence in {:?} / {:?}", stdout(o), stderr(o)))
+    stdout(o)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no fence in {:?} / {:?}", stdout(o), stderr(o)))
 }
 
 #[test]
@@ -95,30 +130,47 @@ fn fences_strictly_increase_across_release_force_release_and_takeover() {
     let print_fence = ["--", "sh", "-c", "echo $LEASECTL_FENCE"];
     let mut fences = Vec::new();
     for _ in 0..2 {
-        fences.push(fence_of(&env.run(&[&["run", "--target", "f"][..], &print_fence].concat())));
+        fences.push(fence_of(
+            &env.run(&[&["run", "--target", "f"][..], &print_fence].concat()),
+        ));
     }
 
     // Force release of a live holder: it notices at its next heartbeat and exits 76.
     let marker = env.path("forced");
     let script = format!("echo $LEASECTL_FENCE > '{}'; sleep 30", marker.display());
-    let holder = env.spawn(&["run", "--target", "f", "--ttl", "2s", "--", "sh", "-c", &script]);
+    let holder = env.spawn(&[
+        "run", "--target", "f", "--ttl", "2s", "--", "sh", "-c", &script,
+    ]);
     fences.push(wait_for_file(&marker).parse().unwrap());
     let o = env.run(&["release", "--target", "f", "--force"]);
-    assert!(code(&o) == 0 && stdout(&o).contains("released 'f'"), "{}", stdout(&o));
+    assert!(
+        code(&o) == 0 && stdout(&o).contains("released 'f'"),
+        "{}",
+        stdout(&o)
+    );
     let out = finish(holder);
     assert_eq!(code(&out), 76, "{}", stderr(&out));
-    fences.push(fence_of(&env.run(&[&["run", "--target", "f"][..], &print_fence].concat())));
+    fences.push(fence_of(
+        &env.run(&[&["run", "--target", "f"][..], &print_fence].concat()),
+    ));
 
     // Takeover after a crash.
     let marker = env.path("crashed");
     let script = format!("echo $LEASECTL_FENCE > '{}'; sleep 30", marker.display());
-    let holder = env.spawn(&["run", "--target", "f", "--ttl", "1s", "--", "sh", "-c", &script]);
+    let holder = env.spawn(&[
+        "run", "--target", "f", "--ttl", "1s", "--", "sh", "-c", &script,
+    ]);
     fences.push(wait_for_file(&marker).parse().unwrap());
     kill(holder.id(), libc::SIGKILL);
     finish(holder);
-    fences.push(fence_of(&env.run(&[&["run", "--target", "f", "--wait=30s"][..], &print_fence].concat())));
+    fences.push(fence_of(&env.run(
+        &[&["run", "--target", "f", "--wait=30s"][..], &print_fence].concat(),
+    )));
 
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences not strictly increasing: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing: {fences:?}"
+    );
     assert_eq!(fences, vec![1, 2, 3, 4, 5, 6]);
 }
 
@@ -128,8 +180,14 @@ fn kill_9_of_the_holder_kills_its_command_and_a_waiter_takes_over_only_after_the
     let ttl = Duration::from_secs(4);
     let child_pid = env.path("child");
     let grandchild_pid = env.path("grandchild");
-    let script = format!("sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait", grandchild_pid.display(), child_pid.display());
-    let holder = env.spawn(&["run", "--target", "k", "--ttl", "4s", "--", "sh", "-c", &script]);
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; echo $$ > '{}'; wait",
+        grandchild_pid.display(),
+        child_pid.display()
+    );
+    let holder = env.spawn(&[
+        "run", "--target", "k", "--ttl", "4s", "--", "sh", "-c", &script,
+    ]);
     let child: i32 = wait_for_file(&child_pid).parse().unwrap();
     let grandchild: i32 = wait_for_file(&grandchild_pid).parse().unwrap();
     assert!(alive(child) && alive(grandchild));
@@ -137,32 +195,68 @@ fn kill_9_of_the_holder_kills_its_command_and_a_waiter_takes_over_only_after_the
     kill(holder.id(), libc::SIGKILL);
     let killed_at = Instant::now();
     finish(holder);
-    wait_for("the orphaned command and its child to die", || !alive(child) && !alive(grandchild));
+    wait_for("the orphaned command and its child to die", || {
+        !alive(child) && !alive(grandchild)
+    });
 
     // The lease outlives its holder until the TTL: nobody takes over early.
     let busy = env.run(&["run", "--target", "k", "--", "true"]);
     if killed_at.elapsed() < ttl / 2 {
-        assert_eq!(code(&busy), 75, "took over before the TTL: {}", stderr(&busy));
+        assert_eq!(
+            code(&busy),
+            75,
+            "took over before the TTL: {}",
+            stderr(&busy)
+        );
     }
-    let waiter = env.run(&["run", "--target", "k", "--wait", "--", "sh", "-c", "echo $LEASECTL_FENCE"]);
+    let waiter = env.run(&[
+        "run",
+        "--target",
+        "k",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASECTL_FENCE",
+    ]);
     let waited = killed_at.elapsed();
     assert_eq!(code(&waiter), 0, "{}", stderr(&waiter));
     assert_eq!(stdout(&waiter).trim(), "2");
     // The last heartbeat was at most ttl/4 before the kill, so expiry is >= 3/4 ttl after it.
-    assert!(waited >= ttl * 3 / 4 - Duration::from_millis(100), "took over after only {waited:?}");
-    assert!(waited < ttl + Duration::from_secs(15), "waiter needed {waited:?}");
+    assert!(
+        waited >= ttl * 3 / 4 - Duration::from_millis(100),
+        "took over after only {waited:?}"
+    );
+    assert!(
+        waited < ttl + Duration::from_secs(15),
+        "waiter needed {waited:?}"
+    );
 }
 
 #[test]
 fn a_paused_holder_is_taken_over_and_on_resume_stops_its_command_stores_nothing_and_exits_76() {
     let env = Env::new();
     let pidfile = env.path("pid");
-    let script = format!("echo $$ > '{}'; echo rotated-token; sleep 60", pidfile.display());
-    let holder = env.spawn(&["run", "--target", "p", "--ttl", "1s", "--", "sh", "-c", &script]);
+    let script = format!(
+        "echo $$ > '{}'; echo rotated-token; sleep 60",
+        pidfile.display()
+    );
+    let holder = env.spawn(&[
+        "run", "--target", "p", "--ttl", "1s", "--", "sh", "-c", &script,
+    ]);
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
     kill(holder.id(), libc::SIGSTOP);
 
-    let taker = env.run(&["run", "--target", "p", "--wait=30s", "--", "sh", "-c", "echo $LEASECTL_FENCE"]);
+    let taker = env.run(&[
+        "run",
+        "--target",
+        "p",
+        "--wait=30s",
+        "--",
+        "sh",
+        "-c",
+        "echo $LEASECTL_FENCE",
+    ]);
     assert_eq!(code(&taker), 0, "{}", stderr(&taker));
     assert_eq!(stdout(&taker).trim(), "2");
 
@@ -173,13 +267,25 @@ fn a_paused_holder_is_taken_over_and_on_resume_stops_its_command_stores_nothing_
     wait_for("the fenced-out command to be stopped", || !alive(child));
 
     // Recorded as lost, with its output, and no event for it.
-    assert_eq!(env.scalar("SELECT outcome FROM runs WHERE fence = 1"), "lost");
-    assert_eq!(env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs WHERE fence = 1"), "rotated-token\n");
-    assert_eq!(env.scalar("SELECT string_agg(payload->>'fence', ',') FROM outbox"), "2");
+    assert_eq!(
+        env.scalar("SELECT outcome FROM runs WHERE fence = 1"),
+        "lost"
+    );
+    assert_eq!(
+        env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs WHERE fence = 1"),
+        "rotated-token\n"
+    );
+    assert_eq!(
+        env.scalar("SELECT string_agg(payload->>'fence', ',') FROM outbox"),
+        "2"
+    );
     // `output` skips lost runs unless asked by id.
     assert_eq!(stdout(&env.run(&["output", "--target", "p"])), "2\n");
     let lost_id = env.scalar("SELECT id FROM runs WHERE fence = 1");
-    assert_eq!(stdout(&env.run(&["output", "--target", "p", "--run", &lost_id])), "rotated-token\n");
+    assert_eq!(
+        stdout(&env.run(&["output", "--target", "p", "--run", &lost_id])),
+        "rotated-token\n"
+    );
     // The old holder's token-matched release touched nothing; the target ends free.
     assert_eq!(env.status()["targets"][0]["state"], "free");
 }
@@ -194,12 +300,17 @@ fn three_waiters_serialise_without_overlap() {
         l = lock.display(),
         g = log.display()
     );
-    let children: Vec<_> = (0..3).map(|_| env.spawn(&["run", "--target", "s", "--wait", "--", "sh", "-c", &script])).collect();
+    let children: Vec<_> = (0..3)
+        .map(|_| env.spawn(&["run", "--target", "s", "--wait", "--", "sh", "-c", &script]))
+        .collect();
     for o in children.into_iter().map(finish) {
         assert_eq!(code(&o), 0, "{}", stderr(&o));
     }
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "ok\nok\nok\n");
-    assert_eq!(env.scalar("SELECT string_agg(fence::text, ',' ORDER BY fence) FROM runs"), "1,2,3");
+    assert_eq!(
+        env.scalar("SELECT string_agg(fence::text, ',' ORDER BY fence) FROM runs"),
+        "1,2,3"
+    );
 }
 
 #[test]
@@ -210,7 +321,16 @@ fn wait_with_a_limit_gives_up_with_the_busy_code() {
     let holder = env.spawn(&["run", "--target", "w", "--", "sh", "-c", &script]);
     wait_for_file_exists(&started);
     let t = Instant::now();
-    let o = env.run(&["run", "--target", "w", "--wait=300ms", "--busy-exit-code", "9", "--", "true"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "w",
+        "--wait=300ms",
+        "--busy-exit-code",
+        "9",
+        "--",
+        "true",
+    ]);
     assert_eq!(code(&o), 9, "{}", stderr(&o));
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert!(stderr(&o).contains("gave up waiting"), "{}", stderr(&o));
@@ -234,17 +354,27 @@ fn a_result_finished_after_a_takeover_is_fenced_out_by_the_save() {
         pidfile.display(),
         gate.display()
     );
-    let holder = env.spawn(&["run", "--target", "z", "--ttl", "1s", "--", "sh", "-c", &script]);
+    let holder = env.spawn(&[
+        "run", "--target", "z", "--ttl", "1s", "--", "sh", "-c", &script,
+    ]);
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
     kill(holder.id(), libc::SIGSTOP);
     let taker = env.run(&["run", "--target", "z", "--wait=30s", "--", "true"]);
     assert_eq!(code(&taker), 0, "{}", stderr(&taker));
     std::fs::write(&gate, "").unwrap();
-    wait_for("the command to finish while its holder is paused", || !alive(child));
+    wait_for("the command to finish while its holder is paused", || {
+        !alive(child)
+    });
     kill(holder.id(), libc::SIGCONT);
     let out = finish(holder);
     assert_eq!(code(&out), 76, "{}", stderr(&out));
-    assert_eq!(env.scalar("SELECT outcome FROM runs WHERE fence = 1"), "lost");
-    assert_eq!(env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs WHERE fence = 1"), "stale-result\n");
+    assert_eq!(
+        env.scalar("SELECT outcome FROM runs WHERE fence = 1"),
+        "lost"
+    );
+    assert_eq!(
+        env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs WHERE fence = 1"),
+        "stale-result\n"
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
 }

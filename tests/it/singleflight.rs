@@ -5,11 +5,16 @@ use crate::lease::wait_for_file_exists;
 
 /// A command that counts its runs in `count` and prints a value unique to this run.
 fn refresh_script(env: &Env, extra: &str) -> String {
-    format!("echo ran >> '{}'; {extra} echo token-$LEASECTL_FENCE-$$", env.path("count").display())
+    format!(
+        "echo ran >> '{}'; {extra} echo token-$LEASECTL_FENCE-$$",
+        env.path("count").display()
+    )
 }
 
 fn runs_counted(env: &Env) -> usize {
-    std::fs::read_to_string(env.path("count")).map(|s| s.lines().count()).unwrap_or(0)
+    std::fs::read_to_string(env.path("count"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -17,7 +22,20 @@ fn eight_concurrent_waiting_callers_run_the_command_once_and_print_the_same_outp
     let env = Env::new();
     let script = refresh_script(&env, "sleep 0.5;");
     let children: Vec<_> = (0..8)
-        .map(|_| env.spawn(&["run", "--target", "oauth", "--wait", "--reuse-within", "1m", "--", "sh", "-c", &script]))
+        .map(|_| {
+            env.spawn(&[
+                "run",
+                "--target",
+                "oauth",
+                "--wait",
+                "--reuse-within",
+                "1m",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+        })
         .collect();
     let outputs: Vec<_> = children.into_iter().map(finish).collect();
     for o in &outputs {
@@ -25,7 +43,11 @@ fn eight_concurrent_waiting_callers_run_the_command_once_and_print_the_same_outp
     }
     let first = stdout(&outputs[0]);
     assert!(first.starts_with("token-1-"), "{first:?}");
-    assert!(outputs.iter().all(|o| stdout(o) == first), "outputs differ: {:?}", outputs.iter().map(stdout).collect::<Vec<_>>());
+    assert!(
+        outputs.iter().all(|o| stdout(o) == first),
+        "outputs differ: {:?}",
+        outputs.iter().map(stdout).collect::<Vec<_>>()
+    );
     assert_eq!(runs_counted(&env), 1);
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
@@ -36,15 +58,36 @@ fn a_fresh_result_is_reused_and_an_expired_window_runs_again() {
     let script = refresh_script(&env, "");
     let first = env.run(&["run", "--target", "tok", "--", "sh", "-c", &script]);
     assert_eq!(code(&first), 0);
-    let reused = env.run(&["run", "--target", "tok", "--reuse-within", "1h", "--", "sh", "-c", &script]);
+    let reused = env.run(&[
+        "run",
+        "--target",
+        "tok",
+        "--reuse-within",
+        "1h",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     assert_eq!(code(&reused), 0);
     assert_eq!(stdout(&reused), stdout(&first));
     assert_eq!(runs_counted(&env), 1);
 
     wait_for("the stored run to age past 300ms", || {
-        env.scalar("SELECT bool_and(finished_at < now() - interval '300 milliseconds') FROM runs") == "t"
+        env.scalar("SELECT bool_and(finished_at < now() - interval '300 milliseconds') FROM runs")
+            == "t"
     });
-    let fresh = env.run(&["run", "--target", "tok", "--reuse-within", "300ms", "--", "sh", "-c", &script]);
+    let fresh = env.run(&[
+        "run",
+        "--target",
+        "tok",
+        "--reuse-within",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
     assert_eq!(code(&fresh), 0);
     assert_ne!(stdout(&fresh), stdout(&first));
     assert_eq!(runs_counted(&env), 2);
@@ -54,9 +97,22 @@ fn a_fresh_result_is_reused_and_an_expired_window_runs_again() {
 fn a_failed_run_is_not_reused_by_a_caller_that_did_not_wait_for_it() {
     let env = Env::new();
     let fail = refresh_script(&env, "exit 3;");
-    assert_eq!(code(&env.run(&["run", "--target", "f", "--", "sh", "-c", &fail])), 3);
+    assert_eq!(
+        code(&env.run(&["run", "--target", "f", "--", "sh", "-c", &fail])),
+        3
+    );
     let ok = refresh_script(&env, "");
-    let o = env.run(&["run", "--target", "f", "--reuse-within", "1h", "--", "sh", "-c", &ok]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "f",
+        "--reuse-within",
+        "1h",
+        "--",
+        "sh",
+        "-c",
+        &ok,
+    ]);
     assert_eq!(code(&o), 0);
     assert_eq!(runs_counted(&env), 2);
 }
@@ -79,7 +135,21 @@ fn gated_holder(env: &Env, tail: &str) -> std::process::Child {
 fn waiters(env: &Env, n: usize) -> Vec<Watched> {
     let script = refresh_script(env, "");
     let ws: Vec<_> = (0..n)
-        .map(|_| Watched::new(env.spawn(&["run", "-v", "--target", "sf", "--wait", "--reuse-within", "1m", "--", "sh", "-c", &script])))
+        .map(|_| {
+            Watched::new(env.spawn(&[
+                "run",
+                "-v",
+                "--target",
+                "sf",
+                "--wait",
+                "--reuse-within",
+                "1m",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ]))
+        })
         .collect();
     for w in &ws {
         w.wait_for_stderr("waiting for 'sf'");
@@ -113,9 +183,16 @@ fn after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all() {
     for o in &outs {
         assert_eq!(code(o), 0, "{}", stderr(o));
     }
-    assert!(stdout(&outs[0]).starts_with("token-2-"), "{}", stdout(&outs[0]));
+    assert!(
+        stdout(&outs[0]).starts_with("token-2-"),
+        "{}",
+        stdout(&outs[0])
+    );
     assert!(outs.iter().all(|o| stdout(o) == stdout(&outs[0])));
     // The interrupted holder plus exactly one waiter ran.
     assert_eq!(runs_counted(&env), 2);
-    assert_eq!(env.scalar("SELECT string_agg(outcome, ',' ORDER BY fence) FROM runs"), "interrupted,completed");
+    assert_eq!(
+        env.scalar("SELECT string_agg(outcome, ',' ORDER BY fence) FROM runs"),
+        "interrupted,completed"
+    );
 }

@@ -25,39 +25,94 @@ fn binary_output_streams_live_and_round_trips_through_output() {
 #[test]
 fn stderr_is_captured_separately() {
     let env = Env::new();
-    let o = env.run(&["run", "--target", "e", "--", "sh", "-c", "echo out; echo err >&2"]);
-    assert_eq!((stdout(&o).as_str(), stderr(&o).as_str()), ("out\n", "err\n"));
-    assert_eq!(stdout(&env.run(&["output", "--target", "e", "--stderr"])), "err\n");
+    let o = env.run(&[
+        "run",
+        "--target",
+        "e",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2",
+    ]);
+    assert_eq!(
+        (stdout(&o).as_str(), stderr(&o).as_str()),
+        ("out\n", "err\n")
+    );
+    assert_eq!(
+        stdout(&env.run(&["output", "--target", "e", "--stderr"])),
+        "err\n"
+    );
     assert_eq!(stdout(&env.run(&["output", "--target", "e"])), "out\n");
 }
 
 #[test]
 fn three_megabytes_stream_completely_and_are_stored_capped() {
     let env = Env::new();
-    let data: Vec<u8> = (0..3 * 1024 * 1024).map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..3 * 1024 * 1024)
+        .map(|i: u32| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let file = env.path("big");
     std::fs::write(&file, &data).unwrap();
-    let o = env.run(&["run", "--target", "big", "--", "cat", file.to_str().unwrap()]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "big",
+        "--",
+        "cat",
+        file.to_str().unwrap(),
+    ]);
     assert_eq!(code(&o), 0);
     assert_eq!(o.stdout.len(), data.len());
     assert!(o.stdout == data, "streamed output differs");
     let stored = env.run(&["output", "--target", "big"]);
     assert_eq!(stored.stdout.len(), 1024 * 1024);
     assert!(stored.stdout[..] == data[..1024 * 1024]);
-    let runs: serde_json::Value = serde_json::from_slice(&env.run(&["runs", "--target", "big", "--json"]).stdout).unwrap();
+    let runs: serde_json::Value =
+        serde_json::from_slice(&env.run(&["runs", "--target", "big", "--json"]).stdout).unwrap();
     assert_eq!(runs["runs"][0]["stdout_truncated"], true);
     assert_eq!(runs["runs"][0]["stderr_truncated"], false);
     // A truncated result is never reused.
-    let again = env.run(&["run", "--target", "big", "--reuse-within", "1h", "--quiet", "--", "sh", "-c", "echo ran-again"]);
-    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "2", "{}", stderr(&again));
+    let again = env.run(&[
+        "run",
+        "--target",
+        "big",
+        "--reuse-within",
+        "1h",
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo ran-again",
+    ]);
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM runs"),
+        "2",
+        "{}",
+        stderr(&again)
+    );
 }
 
 #[test]
 fn capture_limit_and_quiet() {
     let env = Env::new();
-    let o = env.run(&["run", "--target", "q", "--quiet", "--capture-limit", "4", "--", "sh", "-c", "echo 123456789"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "q",
+        "--quiet",
+        "--capture-limit",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        "echo 123456789",
+    ]);
     assert_eq!(code(&o), 0);
-    assert!(o.stdout.is_empty() && o.stderr.is_empty(), "quiet printed {:?}", o);
+    assert!(
+        o.stdout.is_empty() && o.stderr.is_empty(),
+        "quiet printed {:?}",
+        o
+    );
     assert_eq!(stdout(&env.run(&["output", "--target", "q"])), "1234");
 }
 
@@ -66,13 +121,26 @@ fn stdin_is_passed_through_and_the_environment_names_the_lease() {
     let env = Env::new();
     let mut child = env
         .command()
-        .args(["run", "--target", "env", "--", "sh", "-c", "cat; echo \"$LEASECTL_TARGET $LEASECTL_FENCE $LEASECTL_TOKEN\""])
+        .args([
+            "run",
+            "--target",
+            "env",
+            "--",
+            "sh",
+            "-c",
+            "cat; echo \"$LEASECTL_TARGET $LEASECTL_FENCE $LEASECTL_TOKEN\"",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"from stdin\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\n")
+        .unwrap();
     let o = finish(child);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let token = env.scalar("SELECT token FROM runs");
@@ -83,13 +151,34 @@ fn stdin_is_passed_through_and_the_environment_names_the_lease() {
 fn timeout_stops_a_child_that_ignores_sigterm_after_the_grace_and_exits_124() {
     let env = Env::new();
     let t = Instant::now();
-    let o = env.run(&["run", "--target", "slow", "--timeout", "300ms", "--kill-after", "700ms", "--", "sh", "-c", "trap '' TERM; sleep 30"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "slow",
+        "--timeout",
+        "300ms",
+        "--kill-after",
+        "700ms",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; sleep 30",
+    ]);
     let took = t.elapsed();
     assert_eq!(code(&o), 124, "{}", stderr(&o));
-    assert!(took >= Duration::from_millis(1000), "stopped after only {took:?}: no grace given");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "stopped after only {took:?}: no grace given"
+    );
     assert!(took < Duration::from_secs(20), "took {took:?}");
-    assert_eq!(env.scalar("SELECT outcome || ':' || signal FROM runs"), "timed_out:9");
-    assert_eq!(env.scalar("SELECT payload->>'outcome' FROM outbox"), "timed_out");
+    assert_eq!(
+        env.scalar("SELECT outcome || ':' || signal FROM runs"),
+        "timed_out:9"
+    );
+    assert_eq!(
+        env.scalar("SELECT payload->>'outcome' FROM outbox"),
+        "timed_out"
+    );
     assert_eq!(env.status()["targets"][0]["state"], "free");
 }
 
@@ -97,10 +186,29 @@ fn timeout_stops_a_child_that_ignores_sigterm_after_the_grace_and_exits_124() {
 fn a_child_that_honours_sigterm_stops_within_the_grace() {
     let env = Env::new();
     let t = Instant::now();
-    let o = env.run(&["run", "--target", "slow", "--timeout", "200ms", "--kill-after", "20s", "--ttl", "1m", "--", "sleep", "30"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "slow",
+        "--timeout",
+        "200ms",
+        "--kill-after",
+        "20s",
+        "--ttl",
+        "1m",
+        "--",
+        "sleep",
+        "30",
+    ]);
     assert_eq!(code(&o), 124);
-    assert!(t.elapsed() < Duration::from_secs(10), "waited for the whole grace");
-    assert_eq!(env.scalar("SELECT outcome || ':' || signal FROM runs"), "timed_out:15");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "waited for the whole grace"
+    );
+    assert_eq!(
+        env.scalar("SELECT outcome || ':' || signal FROM runs"),
+        "timed_out:15"
+    );
 }
 
 #[test]
@@ -119,7 +227,10 @@ fn sigterm_to_leasectl_is_forwarded_the_run_is_interrupted_and_the_lease_release
     let o = finish(holder);
     assert_eq!(code(&o), 143, "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&got).unwrap(), "got-term\n");
-    assert_eq!(env.scalar("SELECT outcome || ':' || exit_code FROM runs"), "interrupted:3");
+    assert_eq!(
+        env.scalar("SELECT outcome || ':' || exit_code FROM runs"),
+        "interrupted:3"
+    );
     assert_eq!(env.status()["targets"][0]["state"], "free");
     // Released: the next run gets the lease at once.
     assert_eq!(code(&env.run(&["run", "--target", "sig", "--", "true"])), 0);
@@ -129,9 +240,26 @@ fn sigterm_to_leasectl_is_forwarded_the_run_is_interrupted_and_the_lease_release
 fn sigint_to_a_waiting_leasectl_exits_130_without_running() {
     let env = Env::new();
     let started = env.path("started");
-    let holder = env.spawn(&["run", "--target", "w", "--", "sh", "-c", &format!("touch '{}'; sleep 30", started.display())]);
+    let holder = env.spawn(&[
+        "run",
+        "--target",
+        "w",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch '{}'; sleep 30", started.display()),
+    ]);
     wait_for_file_exists(&started);
-    let waiter = Watched::new(env.spawn(&["run", "--target", "w", "--wait", "-v", "--", "touch", env.path("waiter-ran").to_str().unwrap()]));
+    let waiter = Watched::new(env.spawn(&[
+        "run",
+        "--target",
+        "w",
+        "--wait",
+        "-v",
+        "--",
+        "touch",
+        env.path("waiter-ran").to_str().unwrap(),
+    ]));
     // -v logs the wait; once it is logged the waiter is in its wait loop.
     waiter.wait_for_stderr("waiting for 'w'");
     kill(waiter.child.id(), libc::SIGINT);
