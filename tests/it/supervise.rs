@@ -269,3 +269,101 @@ fn sigint_to_a_waiting_leasectl_exits_130_without_running() {
     kill(holder.id(), libc::SIGTERM);
     finish(holder);
 }
+
+/// Runs `leasectl ARGS` under `script(1)`, i.e. on a pseudo-terminal, feeding `input`.
+fn on_a_terminal(env: &Env, args: &[&str], input: &str) -> std::process::Output {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let mut line = vec![
+        quote(bin().to_str().unwrap()),
+        "--database-url".into(),
+        quote(&env.url),
+        "--schema".into(),
+        quote(&env.schema),
+    ];
+    line.extend(args.iter().map(|a| quote(a)));
+    let mut child = std::process::Command::new("script")
+        .args(["-qefc", &line.join(" "), "/dev/null"])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux is needed for terminal tests");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    finish(child)
+}
+
+#[test]
+fn an_interactive_command_can_read_the_terminal() {
+    // The child runs in its own process group; on a terminal it must be made the foreground
+    // group, or its first read would stop it with SIGTTIN and the run would hang.
+    let env = Env::new();
+    let o = on_a_terminal(
+        &env,
+        &[
+            "run",
+            "--target",
+            "tty",
+            "--",
+            "sh",
+            "-c",
+            "read answer; echo got-$answer",
+        ],
+        "yes\n",
+    );
+    assert_eq!(code(&o), 0, "{}", stdout(&o));
+    assert!(stdout(&o).contains("got-yes"), "{:?}", stdout(&o));
+    assert_eq!(
+        env.scalar("SELECT convert_from(stdout, 'UTF8') FROM runs"),
+        "got-yes\n"
+    );
+}
+
+#[test]
+fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
+    let env = Env::new();
+    let started = env.path("started");
+    let holder = env.spawn(&[
+        "run",
+        "--target",
+        "w",
+        "--",
+        "sh",
+        "-c",
+        &format!("touch '{}'; sleep 30", started.display()),
+    ]);
+    wait_for_file_exists(&started);
+
+    let tty = on_a_terminal(
+        &env,
+        &["run", "--target", "w", "--wait=1500ms", "--", "true"],
+        "",
+    );
+    assert_eq!(code(&tty), 75, "{}", stdout(&tty));
+    assert!(
+        stdout(&tty).contains(&format!("waiting for 'w': held by")),
+        "{:?}",
+        stdout(&tty)
+    );
+    assert!(
+        stdout(&tty).contains(&format!("pid {}", holder.id())),
+        "{:?}",
+        stdout(&tty)
+    );
+
+    let log = env.run(&["run", "--target", "w", "--wait=500ms", "--", "true"]);
+    assert_one_line_error(&log, 75, "gave up waiting for 'w'");
+    assert!(
+        !stderr(&log).contains('\x1b'),
+        "escape codes in a log: {:?}",
+        stderr(&log)
+    );
+
+    kill(holder.id(), libc::SIGTERM);
+    finish(holder);
+}
