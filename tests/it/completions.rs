@@ -8,23 +8,44 @@ use assert_cmd::Command;
 use crate::common::bin;
 
 /// Each shell leasectl ships completions for, and the checked-in file holding them.
-const SHELLS: [(&str, &str); 3] =
-    [("bash", "completions/leasectl.bash"), ("zsh", "completions/_leasectl"), ("fish", "completions/leasectl.fish")];
+const SHELLS: [(&str, &str); 3] = [
+    ("bash", "completions/leasectl.bash"),
+    ("zsh", "completions/_leasectl"),
+    ("fish", "completions/leasectl.fish"),
+];
 
 fn regenerate_hint() -> String {
-    let lines: Vec<String> =
-        SHELLS.iter().map(|(shell, file)| format!("  target/debug/leasectl completions {shell} > {file}")).collect();
-    format!("regenerate the checked-in completions after changing the CLI:\n  cargo build\n{}", lines.join("\n"))
+    let lines: Vec<String> = SHELLS
+        .iter()
+        .map(|(shell, file)| format!("  target/debug/leasectl completions {shell} > {file}"))
+        .collect();
+    format!(
+        "regenerate the checked-in completions after changing the CLI:\n  cargo build\n{}",
+        lines.join("\n")
+    )
 }
 
 #[test]
 fn checked_in_completions_match_the_binary() {
     for (shell, file) in SHELLS {
-        let out = Command::new(bin()).args(["completions", shell]).env_remove("DATABASE_URL").output().unwrap();
-        assert!(out.status.success(), "leasectl completions {shell} failed: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.stderr.is_empty(), "leasectl completions {shell} wrote to stderr: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(bin())
+            .args(["completions", shell])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "leasectl completions {shell} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "leasectl completions {shell} wrote to stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-        let checked_in = std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {file}: {e}\n{}", regenerate_hint()));
+        let checked_in = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("cannot read {file}: {e}\n{}", regenerate_hint()));
         assert!(
             out.stdout == checked_in,
             "{file} differs from `leasectl completions {shell}` ({} bytes generated, {} checked in); {}",
@@ -37,17 +58,45 @@ fn checked_in_completions_match_the_binary() {
 
 #[test]
 fn completions_for_an_unknown_shell_are_a_usage_error() {
-    let out = Command::new(bin()).args(["completions", "tcsh"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin())
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn every_subcommand_has_help_with_an_example() {
-    for sub in ["run", "status", "runs", "output", "release", "migrate", "completions"] {
-        let out = Command::new(bin()).args([sub, "--help"]).env_remove("DATABASE_URL").output().unwrap();
+    for sub in [
+        "run",
+        "status",
+        "runs",
+        "output",
+        "release",
+        "migrate",
+        "completions",
+    ] {
+        let out = Command::new(bin())
+            .args([sub, "--help"])
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "leasectl {sub} --help: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(text.contains("Example"), "leasectl {sub} --help shows no example:\n{text}");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "leasectl {sub} --help: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("Example"),
+            "leasectl {sub} --help shows no example:\n{text}"
+        );
     }
     let top = Command::new(bin()).arg("--help").output().unwrap();
     assert_eq!(top.status.code(), Some(0));
