@@ -203,6 +203,11 @@ impl Schema {
     pub fn lease_channel(&self) -> String {
         format!("{}.leases", self.name)
     }
+
+    /// The NOTIFY channel that wakes relays when outbox events commit.
+    pub fn outbox_channel(&self) -> String {
+        format!("{}.outbox", self.name)
+    }
 }
 
 /// One open connection, its notification stream and the settings to open another.

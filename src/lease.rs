@@ -262,30 +262,35 @@ pub enum Saved {
     NotOwner,
 }
 
-const INSERT_RUN: &str = "
-    INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
-                          exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() - $9 * interval '1 millisecond', now(),
-            $10, $11, $12, $13, $14, $15, $16)";
-
-/// Stores the run, its outbox event (unless `event_type` is `None`) and releases the lease — in
-/// one transaction that first locks the lease row `FOR UPDATE` and re-checks the token. Between
-/// the check and the commit nobody can take the lease over (they would block on the row lock),
-/// so a holder that was taken over can never write a result or an event.
+/// Stores the run, its outbox event (unless `event_type` is `None`) and releases the lease —
+/// all in **one statement**, hence one transaction, that first locks the lease row
+/// `FOR UPDATE` and re-checks the token:
+///
+/// * `owner` locks the row only if the token still matches. Between this check and the commit
+///   nobody can take the lease over (they block on the row lock), so a holder that was taken
+///   over can never write a result or an event: with no `owner` row, every later step selects
+///   from an empty set and nothing is written.
+/// * `run` inserts the run; `event` builds the outbox payload from the stored row, so its
+///   timestamps are exactly the stored ones; `released` frees the lease and wakes waiters
+///   (NOTIFY is delivered at commit, after the result is visible).
+///
+/// One statement instead of BEGIN/SELECT/INSERT/INSERT/UPDATE/COMMIT saves five round trips,
+/// most of a short run's cost. It also notifies relays itself and sets
+/// `leasectl.outbox_notified`, which the outbox trigger's WHEN clause checks, so this
+/// connection need not load PL/pgSQL just to send the same NOTIFY (see migration 0001).
 ///
 /// `retrying` makes the call idempotent after a connection lost mid-commit: if the run id is
 /// already stored, the earlier attempt committed.
 pub async fn save_fenced(
-    client: &mut Client,
+    client: &Client,
     schema: &Schema,
     lease: &Lease,
     run: &RunRecord<'_>,
     event_type: Option<&str>,
     retrying: bool,
 ) -> Result<Saved> {
-    let tx = client.transaction().await?;
     if retrying {
-        let done = tx
+        let done = client
             .query_typed(
                 &schema.sql("SELECT 1 FROM {s}.runs WHERE id = $1"),
                 &[(&run.id, Type::UUID)],
@@ -295,22 +300,21 @@ pub async fn save_fenced(
             return Ok(Saved::Stored);
         }
     }
-    let owner = tx
-        .query_typed(
-            &schema.sql("SELECT fence FROM {s}.leases WHERE target = $1 AND token = $2 FOR UPDATE"),
-            &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)],
-        )
-        .await?;
-    if owner.is_empty() {
-        return Ok(Saved::NotOwner);
-    }
-    insert_run(&tx, schema, lease, run).await?;
-    if let Some(event_type) = event_type {
-        // The payload is built by the database from the row just written, so its timestamps are
-        // exactly the stored ones.
-        let sql = schema.sql(
-            "INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
-             SELECT 'leasectl.target', r.target, $2, jsonb_build_object(
+    let sql = schema.sql(
+        "WITH owner AS (
+             SELECT target, fence, set_config('leasectl.outbox_notified', 'on', true)
+               FROM {s}.leases WHERE target = $2 AND token = $4 FOR UPDATE
+         ), run AS (
+             INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
+                                   finished_at, exit_code, signal, stdout, stderr,
+                                   stdout_truncated, stderr_truncated, error)
+             SELECT $1, owner.target, owner.fence, $4, $5, $6, $7, $8,
+                    now() - $9 * interval '1 millisecond', now(), $10, $11, $12, $13, $14, $15, $16
+               FROM owner
+             RETURNING *
+         ), event AS (
+             INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
+             SELECT 'leasectl.target', r.target, $17, jsonb_build_object(
                         'run_id', r.id, 'target', r.target, 'fence', r.fence, 'outcome', r.outcome,
                         'exit_code', r.exit_code, 'signal', r.signal,
                         'started_at', {s}.rfc3339(r.started_at), 'finished_at', {s}.rfc3339(r.finished_at),
@@ -318,27 +322,67 @@ pub async fn save_fenced(
                         'host', r.host, 'pid', r.pid, 'argv', to_jsonb(r.argv),
                         'stdout_bytes', length(r.stdout), 'stdout_truncated', r.stdout_truncated,
                         'stderr_bytes', length(r.stderr), 'stderr_truncated', r.stderr_truncated)
-               FROM {s}.runs r WHERE r.id = $1",
-        );
-        tx.execute_typed(&sql, &[(&run.id, Type::UUID), (&event_type, Type::TEXT)])
-            .await?;
+               FROM run r WHERE $17::text IS NOT NULL
+             RETURNING pg_notify($19, '')
+         ), released AS (
+             UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+               FROM run WHERE l.target = run.target AND l.token = $4
+             RETURNING pg_notify($18, l.target)
+         )
+         SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM event), (SELECT count(*) FROM released)",
+    );
+    let lease_channel = schema.lease_channel();
+    let outbox_channel = schema.outbox_channel();
+    let f = RunFields::new(run);
+    let params: [(&(dyn ToSql + Sync), Type); 19] = [
+        (&run.id, Type::UUID),
+        (&lease.target, Type::TEXT),
+        (&lease.fence, Type::INT8),
+        (&lease.token, Type::UUID),
+        (&f.outcome, Type::TEXT),
+        (&run.argv, Type::TEXT_ARRAY),
+        (&run.host, Type::TEXT),
+        (&run.pid, Type::INT4),
+        (&f.elapsed_ms, Type::INT8),
+        (&f.exit_code, Type::INT4),
+        (&f.signal, Type::INT4),
+        (&run.stdout, Type::BYTEA),
+        (&run.stderr, Type::BYTEA),
+        (&run.stdout_truncated, Type::BOOL),
+        (&run.stderr_truncated, Type::BOOL),
+        (&run.error, Type::TEXT),
+        (&event_type, Type::TEXT),
+        (&lease_channel, Type::TEXT),
+        (&outbox_channel, Type::TEXT),
+    ];
+    let row = client.query_typed_one(&sql, &params).await?;
+    let stored: i64 = row.get(0);
+    Ok(if stored == 1 {
+        Saved::Stored
+    } else {
+        Saved::NotOwner
+    })
+}
+
+/// The derived column values of a run.
+struct RunFields {
+    outcome: &'static str,
+    elapsed_ms: i64,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl RunFields {
+    fn new(run: &RunRecord<'_>) -> RunFields {
+        RunFields {
+            outcome: run.outcome.as_str(),
+            elapsed_ms: ms(run.elapsed),
+            exit_code: run
+                .exit_code_override
+                .or_else(|| run.status.and_then(ChildStatus::code)),
+            signal: run.status.and_then(ChildStatus::signal),
+        }
     }
-    let channel = schema.lease_channel();
-    tx.query_typed(
-        &schema.sql(
-            "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
-              WHERE target = $1 AND token = $2
-             RETURNING pg_notify($3, target)",
-        ),
-        &[
-            (&lease.target, Type::TEXT),
-            (&lease.token, Type::UUID),
-            (&channel, Type::TEXT),
-        ],
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(Saved::Stored)
 }
 
 /// Records a run that lost its lease (outcome `lost`), without any lease check and without an
@@ -350,54 +394,35 @@ pub async fn record_lost(
     lease: &Lease,
     run: &RunRecord<'_>,
 ) -> Result<()> {
-    let sql = schema.sql(&format!("{INSERT_RUN} ON CONFLICT (id) DO NOTHING"));
-    execute_insert(client, &sql, lease, run)
-        .await
-        .context("cannot record the lost run")?;
-    Ok(())
-}
-
-async fn insert_run(
-    client: &tokio_postgres::Transaction<'_>,
-    schema: &Schema,
-    lease: &Lease,
-    run: &RunRecord<'_>,
-) -> Result<()> {
-    execute_insert(client, &schema.sql(INSERT_RUN), lease, run).await?;
-    Ok(())
-}
-
-async fn execute_insert<C: tokio_postgres::GenericClient>(
-    client: &C,
-    sql: &str,
-    lease: &Lease,
-    run: &RunRecord<'_>,
-) -> Result<(), tokio_postgres::Error> {
-    let exit_code = run
-        .exit_code_override
-        .or_else(|| run.status.and_then(ChildStatus::code));
-    let signal = run.status.and_then(ChildStatus::signal);
-    let outcome = run.outcome.as_str();
-    let elapsed = ms(run.elapsed);
-    let params: [(&(dyn ToSql + Sync), Type); 16] = [
+    let sql = schema.sql(
+        "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
+                               exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
+         VALUES ($1, $2, $3, $4, 'lost', $5, $6, $7, now() - $8 * interval '1 millisecond', now(),
+                 $9, $10, $11, $12, $13, $14, $15)
+         ON CONFLICT (id) DO NOTHING",
+    );
+    let f = RunFields::new(run);
+    let params: [(&(dyn ToSql + Sync), Type); 15] = [
         (&run.id, Type::UUID),
         (&lease.target, Type::TEXT),
         (&lease.fence, Type::INT8),
         (&lease.token, Type::UUID),
-        (&outcome, Type::TEXT),
         (&run.argv, Type::TEXT_ARRAY),
         (&run.host, Type::TEXT),
         (&run.pid, Type::INT4),
-        (&elapsed, Type::INT8),
-        (&exit_code, Type::INT4),
-        (&signal, Type::INT4),
+        (&f.elapsed_ms, Type::INT8),
+        (&f.exit_code, Type::INT4),
+        (&f.signal, Type::INT4),
         (&run.stdout, Type::BYTEA),
         (&run.stderr, Type::BYTEA),
         (&run.stdout_truncated, Type::BOOL),
         (&run.stderr_truncated, Type::BOOL),
         (&run.error, Type::TEXT),
     ];
-    client.execute_typed(sql, &params).await?;
+    client
+        .execute_typed(&sql, &params)
+        .await
+        .context("cannot record the lost run")?;
     Ok(())
 }
 

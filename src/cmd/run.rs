@@ -113,6 +113,11 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
         {
             Acquired::Held(l) => {
                 spinner.clear();
+                if listening {
+                    // Stop queueing other targets' releases for the rest of a long run.
+                    db.client.batch_execute("UNLISTEN *").await?;
+                    while db.notifications.try_recv().is_ok() {}
+                }
                 return Ok(Obtained::Lease(l, sent));
             }
             // Released between our attempt and the look at its holder: just try again.

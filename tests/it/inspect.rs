@@ -215,3 +215,59 @@ fn a_schema_newer_than_the_binary_is_refused_with_78() {
     assert_one_line_error(&o, 78, "version 999, newer than this leasectl");
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "0");
 }
+
+#[test]
+fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let settings = leasectl::db::Settings::new(Some(&env.url)).unwrap();
+        let db = leasectl::db::Db::connect(settings, leasectl::db::Schema::new(&env.schema)).await.unwrap();
+        let mut notes = db.notifications;
+        db.client.batch_execute(&format!("LISTEN \"{}.outbox\"", env.schema)).await.unwrap();
+        // leasectl's own save (which sends the NOTIFY itself and skips the trigger).
+        let o = env.command().args(["run", "--target", "n", "--", "true"]).output().unwrap();
+        assert_eq!(code(&o), 0);
+        assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
+        // An application's own transaction, through the trigger.
+        let insert = format!("INSERT INTO \"{}\".outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '1', 'order.paid', '{{}}')", env.schema);
+        db.client.batch_execute(&insert).await.unwrap();
+        assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
+    });
+}
+
+async fn next(
+    notes: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+) -> tokio_postgres::Notification {
+    tokio::time::timeout(PATIENCE, notes.recv())
+        .await
+        .expect("no NOTIFY arrived")
+        .unwrap()
+}
+
+#[test]
+fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    // Count the trigger function's calls.
+    env.sql(
+        "CREATE TABLE trigger_calls (n int);
+         CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO trigger_calls VALUES (1); PERFORM pg_notify(TG_TABLE_SCHEMA || '.outbox', ''); RETURN NULL; END $$;",
+    );
+    assert_eq!(code(&env.run(&["run", "--target", "x", "--", "true"])), 0);
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+    assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "0");
+    env.sql("INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '1', 'order.paid', '{}')");
+    assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "1");
+    // The flag is transaction-local: the same session's next insert fires the trigger again.
+    env.sql(
+        "BEGIN; SELECT set_config('leasectl.outbox_notified', 'on', true); COMMIT;
+         INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '1', 'order.shipped', '{}');",
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "2");
+}
