@@ -397,7 +397,7 @@ async fn store(
     loop {
         let event_type = cfg.event_type.as_deref();
         let result = lease::save_fenced(
-            &mut db.client,
+            &db.client,
             &db.schema,
             lease,
             record,
