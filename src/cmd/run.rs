@@ -84,20 +84,108 @@ enum Obtained {
 }
 
 /// Acquires the lease, waiting for it with `--wait`.
+///
+/// A waiter survives the database going away (a restart, a failover): it reports the outage
+/// once, reconnects with backoff and carries on waiting, within its `--wait` limit.
 async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) -> Result<Obtained> {
-    let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(Instant::now() + d),
-        _ => None,
+    let mut w = Waiter {
+        give_up_at: match cfg.wait {
+            Some(Wait::Upto(d)) => Some(Instant::now() + d),
+            _ => None,
+        },
+        listening: false,
+        awaited: None,
+        spinner: Spinner::default(),
+        outage: None,
     };
-    let mut listening = false;
-    // The acquisition whose result we are waiting for (singleflight with --reuse-within).
-    let mut awaited: Option<i64> = None;
-    let mut spinner = Spinner::default();
-    loop {
-        if let (Some(_), Some(fence)) = (cfg.reuse_within, awaited) {
+    let result = loop {
+        let wake = match w.attempt(db, cfg, me).await {
+            Ok(Attempt::Done(obtained)) => break Ok(obtained),
+            Ok(Attempt::Again) => continue,
+            Ok(Attempt::Wait(holder)) => {
+                if cfg.wait.is_none() {
+                    if !cfg.quiet {
+                        eprintln!("leasectl: '{}' is busy: {}", cfg.target, holder.describe());
+                    }
+                    break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
+                }
+                w.outage = None;
+                w.spinner.show(format!(
+                    "waiting for '{}': {}",
+                    cfg.target,
+                    holder.describe()
+                ));
+                // Wake at the holder's expiry or at the fallback poll, unless a release of our
+                // target is announced first.
+                WAIT_POLL.min(holder.expires_in + Duration::from_millis(20))
+            }
+            Err(e) if cfg.wait.is_some() && is_unavailable(&e) => {
+                let backoff = w.outage.map_or(Duration::from_millis(200), |d| {
+                    (d * 2).min(Duration::from_secs(5))
+                });
+                if w.outage.is_none() {
+                    warn!(
+                        "lost the database while waiting for '{}' ({e:#}); reconnecting",
+                        cfg.target
+                    );
+                }
+                w.outage = Some(backoff);
+                w.listening = false;
+                backoff
+            }
+            Err(e) => break Err(e),
+        };
+        let give_up = async {
+            match w.give_up_at {
+                Some(t) => sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = released(&mut db.notifications, &cfg.target) => {}
+            _ = sleep(wake) => {}
+            _ = give_up => {
+                if !cfg.quiet {
+                    eprintln!("leasectl: gave up waiting for '{}' after {}", cfg.target, crate::fmt::duration(match cfg.wait { Some(Wait::Upto(d)) => d, _ => Duration::ZERO }));
+                }
+                break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
+            }
+            sig = signals.recv() => break Ok(Obtained::Done(Exit::from_signal(sig))),
+        }
+        if w.outage.is_some() {
+            if let Err(e) = db.reconnect().await {
+                info!("reconnect failed: {e:#}");
+            }
+        }
+    };
+    w.spinner.clear();
+    result
+}
+
+/// The state of one caller waiting for a lease.
+struct Waiter {
+    give_up_at: Option<Instant>,
+    listening: bool,
+    /// The acquisition whose result we wait for (singleflight with --reuse-within).
+    awaited: Option<i64>,
+    spinner: Spinner,
+    /// Backoff while the database is unreachable.
+    outage: Option<Duration>,
+}
+
+enum Attempt {
+    Done(Obtained),
+    /// Try again at once.
+    Again,
+    /// Busy: this is the holder.
+    Wait(lease::Holder),
+}
+
+impl Waiter {
+    async fn attempt(&mut self, db: &mut Db, cfg: &RunConfig, me: &Me) -> Result<Attempt> {
+        if let (Some(_), Some(fence)) = (cfg.reuse_within, self.awaited) {
             if let Some(exit) = share_awaited(db, cfg, fence).await? {
-                spinner.clear();
-                return Ok(Obtained::Done(exit));
+                return Ok(Attempt::Done(Obtained::Done(exit)));
             }
         }
         let sent = Instant::now();
@@ -112,31 +200,25 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
         .await?
         {
             Acquired::Held(l) => {
-                spinner.clear();
-                if listening {
+                if self.listening {
                     // Stop queueing other targets' releases for the rest of a long run.
                     db.client.batch_execute("UNLISTEN *").await?;
                     while db.notifications.try_recv().is_ok() {}
                 }
-                return Ok(Obtained::Lease(l, sent));
+                return Ok(Attempt::Done(Obtained::Lease(l, sent)));
             }
             // Released between our attempt and the look at its holder: just try again.
-            Acquired::Busy(None) => continue,
+            Acquired::Busy(None) => return Ok(Attempt::Again),
             Acquired::Busy(Some(h)) => h,
         };
-        if cfg.wait.is_none() {
-            if !cfg.quiet {
-                eprintln!("leasectl: '{}' is busy: {}", cfg.target, holder.describe());
-            }
-            return Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
-        }
-        if !listening {
-            listening = true;
+        if cfg.wait.is_some() && !self.listening {
+            self.listening = true;
             // LISTEN may be unavailable (e.g. behind a transaction pooler); polling still works.
             let listen = format!("LISTEN \"{}\"", db.schema.lease_channel());
             match db.client.batch_execute(&listen).await {
                 // Try again at once: the release may have happened before LISTEN took effect.
-                Ok(()) => continue,
+                Ok(()) => return Ok(Attempt::Again),
+                Err(e) if db::is_unavailable(&e) => return Err(e.into()),
                 Err(e) => info!(
                     "LISTEN failed ({}); polling every {}",
                     db::reason(&e),
@@ -144,39 +226,11 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
                 ),
             }
         }
-        if awaited != Some(holder.fence) {
+        if cfg.wait.is_some() && self.awaited != Some(holder.fence) {
             info!("waiting for '{}': {}", cfg.target, holder.describe());
-            awaited = Some(holder.fence);
+            self.awaited = Some(holder.fence);
         }
-        spinner.show(format!(
-            "waiting for '{}': {}",
-            cfg.target,
-            holder.describe()
-        ));
-
-        // Wake on a release of our target, at the holder's expiry, or at the fallback poll.
-        let poll = WAIT_POLL.min(holder.expires_in + Duration::from_millis(20));
-        let give_up = async {
-            match give_up_at {
-                Some(t) => sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = released(&mut db.notifications, &cfg.target) => {}
-            _ = sleep(poll) => {}
-            _ = give_up => {
-                spinner.clear();
-                if !cfg.quiet {
-                    eprintln!("leasectl: gave up waiting for '{}': {}", cfg.target, holder.describe());
-                }
-                return Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
-            }
-            sig = signals.recv() => {
-                spinner.clear();
-                return Ok(Obtained::Done(Exit::from_signal(sig)));
-            }
-        }
+        Ok(Attempt::Wait(holder))
     }
 }
 

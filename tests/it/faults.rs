@@ -103,3 +103,52 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
     assert_eq!(env.scalar("SELECT outcome FROM runs"), "lost");
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
 }
+
+#[test]
+fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
+    let env = Env::new();
+    let name = format!("w_{}", env.schema);
+    let started = env.path("started");
+    let gate = env.path("gate");
+    let holder = env.spawn(&[
+        "run",
+        "--target",
+        "wl",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
+            started.display(),
+            gate.display()
+        ),
+    ]);
+    wait_for_file_exists(&started);
+    let waiter = Watched::new(
+        env.command_at(&url_named(&env, &name))
+            .args([
+                "run",
+                "-v",
+                "--target",
+                "wl",
+                "--wait",
+                "--",
+                "sh",
+                "-c",
+                "echo waited-$LEASECTL_FENCE",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    waiter.wait_for_stderr("waiting for 'wl'");
+    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
+    assert_eq!(killed, "1");
+    waiter.wait_for_stderr("lost the database while waiting");
+    std::fs::write(&gate, "").unwrap();
+    assert_eq!(code(&finish(holder)), 0);
+    let o = waiter.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "waited-2\n");
+}
