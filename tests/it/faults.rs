@@ -152,3 +152,38 @@ fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "waited-2\n");
 }
+
+#[test]
+fn a_connection_lost_before_the_save_is_reconnected_and_the_result_stored_once() {
+    let env = Env::new();
+    let name = format!("s_{}", env.schema);
+    let started = env.path("started");
+    let gate = env.path("gate");
+    // A long TTL: no heartbeat happens during the run, so the save is the first to notice.
+    let holder = Watched::new(
+        env.command_at(&url_named(&env, &name))
+            .args(["run", "--target", "sv", "--ttl", "1m", "--", "sh", "-c"])
+            .arg(format!(
+                "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo result",
+                started.display(),
+                gate.display()
+            ))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_file_exists(&started);
+    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
+    assert_eq!(killed, "1");
+    std::fs::write(&gate, "").unwrap();
+    let o = holder.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("retrying"), "{}", stderr(&o));
+    assert_eq!(
+        env.scalar("SELECT outcome || ':' || convert_from(stdout, 'UTF8') FROM runs"),
+        "completed:result\n"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+    assert_eq!(env.status()["targets"][0]["state"], "free");
+}
