@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""What wrapping a command in `leasectl run` costs, side by side with references.
+
+Run from anywhere, after `cargo build --release`:
+
+    python3 bench/run-overhead.py [--rounds 100] [--bin target/release/leasectl]
+
+Candidates, each measured as the wall time of one whole process (start to exit):
+
+  leasectl   leasectl --schema S run --target t -- true   (connect, migrate check, acquire,
+             run `true`, fenced save of run + outbox event, release)
+  psql       psql -qAtc 'select 1'                        (connect, one query)
+  psql-bin   the same, calling the psql executable directly, when `psql` on PATH is Debian's
+             pg_wrapper (a Perl script that adds ~25 ms of its own before psql even starts)
+  flock      flock -n FILE true                           (a local lock file, no network)
+  etcdctl    etcdctl lock NAME true                       (only if etcd answers on 127.0.0.1:2379)
+
+Every round runs each candidate once, in an order rotated from round to round, so drift in the
+machine's load hits all of them alike. Three more leasectl invocations run in the same rounds to
+show where a run's time goes: `--version` (process start only), `migrate` (start + connect +
+schema check) and `run --no-event` (a run without the outbox insert). Then: the latency of a *busy* answer (a second
+`leasectl run` on a target another leasectl holds, exit 75), interleaved with psql the same way,
+and the resident memory of the holding leasectl process (VmRSS / VmHWM from /proc).
+
+leasectl and psql both reach PostgreSQL the way a bare `psql` does: the libpq environment, else
+the local socket as the current OS user (DATABASE_URL is removed from the environment so both
+take the same path). All rows go to a fresh schema bench_<random>, dropped at the end.
+Standard library only.
+"""
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOAL_VS_PSQL = 0.35  # leasectl run / psql 'select 1'
+GOAL_VS_ETCD = 0.5  # leasectl run / etcdctl lock
+GOAL_RSS_MIB = 8.0  # resident memory of a holding leasectl
+
+
+def env_without_database_url():
+    env = dict(os.environ)
+    env.pop("DATABASE_URL", None)
+    return env
+
+
+ENV = env_without_database_url()
+
+
+def timed(argv, expect=0):
+    """Runs argv to completion; returns its wall time in ms. Fails loudly on a surprise exit code."""
+    start = time.perf_counter_ns()
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    elapsed = (time.perf_counter_ns() - start) / 1e6
+    if p.returncode != expect:
+        sys.exit(
+            f"run-overhead: {' '.join(argv)} exited {p.returncode}, expected {expect}: "
+            f"{p.stderr.decode(errors='replace').strip()}"
+        )
+    return elapsed
+
+
+def psql(sql, check=True):
+    return subprocess.run(
+        ["psql", "-XqAt", "-v", "ON_ERROR_STOP=1", "-c", sql],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        check=check,
+    ).stdout.strip()
+
+
+def port_open(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def median(xs):
+    return statistics.median(xs)
+
+
+def interleaved(candidates, rounds):
+    """candidates: list of (name, argv, expected exit). Returns {name: [ms, ...]}."""
+    times = {name: [] for name, _, _ in candidates}
+    k = len(candidates)
+    for r in range(rounds):
+        order = candidates[r % k :] + candidates[: r % k]
+        for name, argv, expect in order:
+            times[name].append(timed(argv, expect))
+    return times
+
+
+def proc_status_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def wait_until_held(leasectl, target, holder, patience=30.0):
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if holder.poll() is not None:
+            sys.exit(f"run-overhead: the holder exited early with {holder.returncode}")
+        p = subprocess.run(leasectl + ["status", "--json"], capture_output=True, env=ENV)
+        if p.returncode == 0:
+            doc = json.loads(p.stdout)
+            if any(t["target"] == target and t["state"] == "held" for t in doc["targets"]):
+                return
+        time.sleep(0.05)
+    sys.exit(f"run-overhead: '{target}' was not held within {patience}s")
+
+
+def real_psql():
+    """The psql executable behind `psql` on PATH, if that is Debian's pg_wrapper; else None."""
+    path = shutil.which("psql")
+    if not path or os.path.basename(os.path.realpath(path)) != "pg_wrapper":
+        return None
+    # pg_wrapper runs the newest installed client unless ~/.postgresqlrc says otherwise.
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/psql"),
+        key=lambda p: [int(x) if x.isdigit() else 0 for x in p.parent.parent.name.split(".")],
+    )
+    return str(found[-1]) if found else None
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "postgres": psql("SHOW server_version"),
+    }
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def verdict(value, goal):
+    return "met" if value <= goal else "NOT met"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100, at least 30)")
+    ap.add_argument("--bin", default=str(REPO / "target/release/leasectl"), help="leasectl binary")
+    args = ap.parse_args()
+    if args.rounds < 30:
+        sys.exit("run-overhead: --rounds must be at least 30")
+    binary = Path(args.bin)
+    if not binary.is_file():
+        sys.exit(f"run-overhead: {binary} not found; build it first: cargo build --release")
+    for tool in ("psql", "flock"):
+        if not shutil.which(tool):
+            sys.exit(f"run-overhead: {tool} is not installed")
+
+    schema = "bench_" + secrets.token_hex(6)
+    leasectl = [str(binary), "--schema", schema]
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
+    info = machine()
+    print(f"{version}; PostgreSQL {info['postgres']}; {info['nproc']} cores ({info['cpu']}); Linux {info['kernel']}")
+    print(f"schema {schema}, {args.rounds} interleaved rounds\n")
+
+    holder = None
+    tmp = tempfile.TemporaryDirectory(prefix="leasectl-bench-")
+    try:
+        lockfile = os.path.join(tmp.name, "lock")
+        candidates = [
+            ("leasectl", leasectl + ["run", "--target", "t", "--", "true"], 0),
+            ("psql", ["psql", "-qAtc", "select 1"], 0),
+            ("flock", ["flock", "-n", lockfile, "true"], 0),
+        ]
+        psql_bin = real_psql()
+        if psql_bin:
+            candidates.append(("psql-bin", [psql_bin, "-qAtc", "select 1"], 0))
+            print(f"psql on PATH is Debian's pg_wrapper (Perl); psql-bin = {psql_bin}")
+        etcd = shutil.which("etcdctl") and port_open("127.0.0.1", 2379)
+        if etcd:
+            candidates.append(("etcdctl", ["etcdctl", "--endpoints=127.0.0.1:2379", "lock", f"leasectl-bench-{schema}", "true"], 0))
+        else:
+            print("etcd: not available (no etcdctl, or nothing answers on 127.0.0.1:2379)")
+
+        breakdown = [
+            ("version", [str(binary), "--version"], 0),
+            ("migrate", leasectl + ["migrate"], 0),
+            ("no-event", leasectl + ["run", "--target", "t", "--no-event", "--", "true"], 0),
+        ]
+
+        # Warm-up: creates the schema (migrations), fills the page cache, opens every binary once.
+        for _, argv, expect in candidates + breakdown:
+            timed(argv, expect)
+
+        times = interleaved(candidates + breakdown, args.rounds)
+        med = {name: median(xs) for name, xs in times.items()}
+        print("Run overhead (median wall time of the whole process, ms):")
+        for name, _, _ in candidates:
+            xs = times[name]
+            print(f"  {name:9} median {med[name]:7.2f}   min {min(xs):7.2f}   max {max(xs):7.2f}")
+        print("Where leasectl run's time goes (same rounds, medians, ms):")
+        print(f"  process start (leasectl --version)              {med['version']:7.2f}")
+        print(f"  + connect and schema check (leasectl migrate)   {med['migrate'] - med['version']:+7.2f}")
+        print(f"  + acquire, run `true`, fenced save, release     {med['no-event'] - med['migrate']:+7.2f}   (run --no-event: {med['no-event']:.2f})")
+        print(f"  + the outbox event in the save                  {med['leasectl'] - med['no-event']:+7.2f}   (run: {med['leasectl']:.2f})")
+
+        # Busy answer: a holder keeps the lease; every contender is turned away with 75.
+        holder = subprocess.Popen(
+            leasectl + ["run", "--target", "busy", "--", "sleep", "60"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=ENV,
+        )
+        wait_until_held(leasectl, "busy", holder)
+        with open(f"/proc/{holder.pid}/comm") as f:
+            comm = f.read().strip()
+        if comm != "leasectl":
+            sys.exit(f"run-overhead: pid {holder.pid} is {comm!r}, not leasectl")
+        busy_candidates = [
+            ("busy", leasectl + ["run", "--target", "busy", "--", "true"], 75),
+            ("psql", ["psql", "-qAtc", "select 1"], 0),
+        ]
+        if psql_bin:
+            busy_candidates.append(("psql-bin", [psql_bin, "-qAtc", "select 1"], 0))
+        busy_times = interleaved(busy_candidates, args.rounds)
+        busy = median(busy_times["busy"])
+        busy_psql = median(busy_times["psql"])
+        busy_psql_bin = median(busy_times["psql-bin"]) if psql_bin else None
+        rss_mib = proc_status_kib(holder.pid, "VmRSS") / 1024
+        hwm_mib = proc_status_kib(holder.pid, "VmHWM") / 1024
+        holder.send_signal(signal.SIGTERM)
+        code = holder.wait(timeout=30)
+        holder = None
+        if code != 143:
+            print(f"warning: the holder exited {code} after SIGTERM, expected 143")
+
+        same = f"psql {busy_psql:.2f} ms" + (f", psql-bin {busy_psql_bin:.2f} ms" if psql_bin else "")
+        print(f"\nBusy answer (exit 75): median {busy:.2f} ms ({same} in the same rounds)")
+        print(f"Holding leasectl (pid of leasectl, not its child): VmRSS {rss_mib:.2f} MiB, VmHWM {hwm_mib:.2f} MiB")
+
+        r_psql = ratio(med["leasectl"], med["psql"])
+        r_flock = ratio(med["leasectl"], med["flock"])
+        r_busy = ratio(busy, busy_psql)
+        lines = [
+            f"leasectl run overhead, {args.rounds} interleaved rounds, medians "
+            f"({version}, PostgreSQL {info['postgres']}, {info['nproc']} cores, {info['cpu']})",
+            "",
+            "| measure | median | ratio | goal |",
+            "|---|---:|---|---|",
+            f"| `leasectl run --target t -- true` | {med['leasectl']:.2f} ms | | |",
+            f"| `psql -qAtc 'select 1'` (psql on PATH) | {med['psql']:.2f} ms | leasectl/psql = **{r_psql:.3f}** "
+            f"| ≤ {GOAL_VS_PSQL} — {verdict(r_psql, GOAL_VS_PSQL)} |",
+        ]
+        if psql_bin:
+            r_bin = ratio(med["leasectl"], med["psql-bin"])
+            lines.append(
+                f"| `{psql_bin} -qAtc 'select 1'` (no Perl wrapper) | {med['psql-bin']:.2f} ms "
+                f"| leasectl/psql-bin = **{r_bin:.3f}** | ≤ {GOAL_VS_PSQL} — {verdict(r_bin, GOAL_VS_PSQL)} |"
+            )
+        lines.append(f"| `flock -n FILE true` | {med['flock']:.2f} ms | leasectl/flock = {r_flock:.2f} | (reference only) |")
+        if etcd:
+            r_etcd = ratio(med["leasectl"], med["etcdctl"])
+            lines.append(
+                f"| `etcdctl lock NAME true` | {med['etcdctl']:.2f} ms | leasectl/etcdctl = **{r_etcd:.3f}** "
+                f"| ≤ {GOAL_VS_ETCD} — {verdict(r_etcd, GOAL_VS_ETCD)} |"
+            )
+        else:
+            lines.append(f"| `etcdctl lock NAME true` | not available | | ≤ {GOAL_VS_ETCD} — not measured |")
+        lines += [
+            f"| leasectl --version / migrate / run --no-event | {med['version']:.2f} / {med['migrate']:.2f} / "
+            f"{med['no-event']:.2f} ms | (breakdown) | |",
+            f"| busy answer (`run` on a held target, exit 75) | {busy:.2f} ms | busy/psql = {r_busy:.3f}"
+            + (f", busy/psql-bin = {ratio(busy, busy_psql_bin):.3f}" if psql_bin else "")
+            + f" ({same} in the same rounds) | |",
+            f"| holding leasectl, VmRSS / VmHWM | {rss_mib:.2f} / {hwm_mib:.2f} MiB | | "
+            f"≤ {GOAL_RSS_MIB:g} MiB — {verdict(max(rss_mib, hwm_mib), GOAL_RSS_MIB)} |",
+        ]
+        print("\n----- summary (paste into docs/BENCHMARKS.md) -----")
+        print("\n".join(lines))
+        print("----- end of summary -----")
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.send_signal(signal.SIGTERM)
+            try:
+                holder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                holder.kill()
+        psql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', check=False)
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
