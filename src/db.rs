@@ -114,12 +114,22 @@ impl Settings {
                 config.dbname(d);
             }
         }
-        if url.is_none() {
+        // Like libpq, PGSSLMODE applies unless the connection string names an sslmode itself.
+        if !url.is_some_and(|u| u.contains("sslmode")) {
             if let Some(mode) = env("PGSSLMODE") {
                 let (m, verify) = tls::parse_sslmode(&mode)?;
                 config.ssl_mode(m);
                 verify_tls = verify;
             }
+        }
+        // TLS never applies to Unix sockets (libpq does not even ask); skipping the request
+        // saves a round trip on every local connection.
+        let all_local = config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        if all_local && !verify_tls {
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
         }
         if config.get_connect_timeout().is_none() {
             let t = env("PGCONNECT_TIMEOUT")
@@ -434,6 +444,29 @@ mod tests {
         assert!(s
             .describe()
             .starts_with("db.example:6543, /run/pg/.s.PGSQL.6543"));
+    }
+
+    #[test]
+    fn pgsslmode_applies_unless_the_url_names_one() {
+        let env = env_of(&[("PGSSLMODE", "require")]);
+        let s = Settings::from_env(Some("postgres://u@db.example/x"), &env).unwrap();
+        assert_eq!(
+            s.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        let s =
+            Settings::from_env(Some("postgres://u@db.example/x?sslmode=disable"), &env).unwrap();
+        assert_eq!(
+            s.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable
+        );
+        let s =
+            Settings::from_env(None, env_of(&[("PGHOST", "/run/pg"), ("PGUSER", "a")])).unwrap();
+        assert_eq!(
+            s.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable,
+            "no TLS over a Unix socket"
+        );
     }
 
     #[test]

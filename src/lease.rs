@@ -8,7 +8,7 @@
 //! Statements use `query_typed`, which skips the separate prepare round trip; most of a short
 //! `leasectl run` is round trips.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::{ToSql, Type};
@@ -24,6 +24,23 @@ pub struct Lease {
     pub target: String,
     pub token: Uuid,
     pub fence: i64,
+    /// The database's clock when it granted the lease; with the local monotonic clock it dates
+    /// the run on the database clock (see [`DbClock`]).
+    pub granted_at: SystemTime,
+}
+
+/// Dates events on the database's clock without asking it again: the time the database
+/// reported at a known local instant, plus monotonic time elapsed since.
+#[derive(Debug, Clone, Copy)]
+pub struct DbClock {
+    pub db_time: SystemTime,
+    pub local: tokio::time::Instant,
+}
+
+impl DbClock {
+    pub fn at(&self, instant: tokio::time::Instant) -> SystemTime {
+        self.db_time + instant.saturating_duration_since(self.local)
+    }
 }
 
 /// Who holds a busy target, as the database sees it now.
@@ -88,7 +105,7 @@ pub async fn acquire(
                 holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
           WHERE l.token IS NULL
              OR l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now()
-         RETURNING fence",
+         RETURNING fence, now()",
     );
     let params: [(&(dyn ToSql + Sync), Type); 5] = [
         (&target, Type::TEXT),
@@ -106,6 +123,7 @@ pub async fn acquire(
             target: target.to_owned(),
             token,
             fence: row.get(0),
+            granted_at: row.get(1),
         }));
     }
     Ok(Acquired::Busy(holder(client, schema, target).await?))
@@ -243,9 +261,10 @@ pub struct RunRecord<'a> {
     pub argv: Vec<String>,
     pub host: &'a str,
     pub pid: i32,
-    /// How long the command ran, by the local monotonic clock; `started_at` is stored as the
-    /// database's `now()` minus this, so both timestamps are on the database clock.
-    pub elapsed: Duration,
+    /// When the command started and finished, on the database clock ([`DbClock`]): hosts'
+    /// clocks never enter the record.
+    pub started_at: SystemTime,
+    pub finished_at: SystemTime,
     pub stdout: &'a [u8],
     pub stderr: &'a [u8],
     pub stdout_truncated: bool,
@@ -302,39 +321,31 @@ pub async fn save_fenced(
     }
     let sql = schema.sql(
         "WITH owner AS (
-             SELECT target, fence, set_config('leasectl.outbox_notified', 'on', true)
+             SELECT target, set_config('leasectl.outbox_notified', 'on', true)
                FROM {s}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), run AS (
              INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
                                    finished_at, exit_code, signal, stdout, stderr,
                                    stdout_truncated, stderr_truncated, error)
-             SELECT $1, owner.target, owner.fence, $4, $5, $6, $7, $8,
-                    now() - $9 * interval '1 millisecond', now(), $10, $11, $12, $13, $14, $15, $16
+             SELECT $1, owner.target, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
                FROM owner
-             RETURNING *
+             RETURNING target
          ), event AS (
              INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
-             SELECT 'leasectl.target', r.target, $17, jsonb_build_object(
-                        'run_id', r.id, 'target', r.target, 'fence', r.fence, 'outcome', r.outcome,
-                        'exit_code', r.exit_code, 'signal', r.signal,
-                        'started_at', {s}.rfc3339(r.started_at), 'finished_at', {s}.rfc3339(r.finished_at),
-                        'duration_ms', round(extract(epoch FROM r.finished_at - r.started_at) * 1000)::int8,
-                        'host', r.host, 'pid', r.pid, 'argv', to_jsonb(r.argv),
-                        'stdout_bytes', length(r.stdout), 'stdout_truncated', r.stdout_truncated,
-                        'stderr_bytes', length(r.stderr), 'stderr_truncated', r.stderr_truncated)
-               FROM run r WHERE $17::text IS NOT NULL
-             RETURNING pg_notify($19, '')
+             SELECT 'leasectl.target', run.target, $18, $19 FROM run WHERE $18::text IS NOT NULL
+             RETURNING pg_notify($21, '')
          ), released AS (
              UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($18, l.target)
+             RETURNING pg_notify($20, l.target)
          )
          SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM event), (SELECT count(*) FROM released)",
     );
     let lease_channel = schema.lease_channel();
     let outbox_channel = schema.outbox_channel();
     let f = RunFields::new(run);
-    let params: [(&(dyn ToSql + Sync), Type); 19] = [
+    let payload = event_payload(lease, run, &f);
+    let params: [(&(dyn ToSql + Sync), Type); 21] = [
         (&run.id, Type::UUID),
         (&lease.target, Type::TEXT),
         (&lease.fence, Type::INT8),
@@ -343,7 +354,8 @@ pub async fn save_fenced(
         (&run.argv, Type::TEXT_ARRAY),
         (&run.host, Type::TEXT),
         (&run.pid, Type::INT4),
-        (&f.elapsed_ms, Type::INT8),
+        (&run.started_at, Type::TIMESTAMPTZ),
+        (&run.finished_at, Type::TIMESTAMPTZ),
         (&f.exit_code, Type::INT4),
         (&f.signal, Type::INT4),
         (&run.stdout, Type::BYTEA),
@@ -352,6 +364,7 @@ pub async fn save_fenced(
         (&run.stderr_truncated, Type::BOOL),
         (&run.error, Type::TEXT),
         (&event_type, Type::TEXT),
+        (&payload, Type::JSONB),
         (&lease_channel, Type::TEXT),
         (&outbox_channel, Type::TEXT),
     ];
@@ -367,7 +380,6 @@ pub async fn save_fenced(
 /// The derived column values of a run.
 struct RunFields {
     outcome: &'static str,
-    elapsed_ms: i64,
     exit_code: Option<i32>,
     signal: Option<i32>,
 }
@@ -376,13 +388,46 @@ impl RunFields {
     fn new(run: &RunRecord<'_>) -> RunFields {
         RunFields {
             outcome: run.outcome.as_str(),
-            elapsed_ms: ms(run.elapsed),
             exit_code: run
                 .exit_code_override
                 .or_else(|| run.status.and_then(ChildStatus::code)),
             signal: run.status.and_then(ChildStatus::signal),
         }
     }
+}
+
+/// The outbox event of a stored run (SPEC: at least run_id, target, fence, exit_code — null
+/// when a signal ended the command, with `signal` set — started_at, finished_at, host).
+/// Built here rather than in SQL: a fresh server backend would otherwise spend more time
+/// looking up the JSON and formatting functions than running the insert.
+fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_json::Value {
+    let duration = run
+        .finished_at
+        .duration_since(run.started_at)
+        .unwrap_or_default();
+    serde_json::json!({
+        "run_id": run.id.to_string(),
+        "target": lease.target,
+        "fence": lease.fence,
+        "outcome": f.outcome,
+        "exit_code": f.exit_code,
+        "signal": f.signal,
+        "started_at": rfc3339(run.started_at),
+        "finished_at": rfc3339(run.finished_at),
+        "duration_ms": ms(duration),
+        "host": run.host,
+        "pid": run.pid,
+        "argv": run.argv,
+        "stdout_bytes": run.stdout.len(),
+        "stdout_truncated": run.stdout_truncated,
+        "stderr_bytes": run.stderr.len(),
+        "stderr_truncated": run.stderr_truncated,
+    })
+}
+
+/// RFC 3339 in UTC with microseconds, as the `rfc3339()` SQL function formats it.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
 }
 
 /// Records a run that lost its lease (outcome `lost`), without any lease check and without an
@@ -397,12 +442,11 @@ pub async fn record_lost(
     let sql = schema.sql(
         "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
                                exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
-         VALUES ($1, $2, $3, $4, 'lost', $5, $6, $7, now() - $8 * interval '1 millisecond', now(),
-                 $9, $10, $11, $12, $13, $14, $15)
+         VALUES ($1, $2, $3, $4, 'lost', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (id) DO NOTHING",
     );
     let f = RunFields::new(run);
-    let params: [(&(dyn ToSql + Sync), Type); 15] = [
+    let params: [(&(dyn ToSql + Sync), Type); 16] = [
         (&run.id, Type::UUID),
         (&lease.target, Type::TEXT),
         (&lease.fence, Type::INT8),
@@ -410,7 +454,8 @@ pub async fn record_lost(
         (&run.argv, Type::TEXT_ARRAY),
         (&run.host, Type::TEXT),
         (&run.pid, Type::INT4),
-        (&f.elapsed_ms, Type::INT8),
+        (&run.started_at, Type::TIMESTAMPTZ),
+        (&run.finished_at, Type::TIMESTAMPTZ),
         (&f.exit_code, Type::INT4),
         (&f.signal, Type::INT4),
         (&run.stdout, Type::BYTEA),

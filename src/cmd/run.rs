@@ -22,7 +22,7 @@ use crate::cli::{DbArgs, RunArgs};
 use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
-use crate::lease::{self, Acquired, Lease, Outcome, RunRecord, Saved};
+use crate::lease::{self, Acquired, DbClock, Lease, Outcome, RunRecord, Saved};
 use crate::signals::Signals;
 use crate::supervise::{child_status, Capture, Child, Spec};
 use crate::{info, warn};
@@ -307,6 +307,10 @@ async fn execute(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    let clock = DbClock {
+        db_time: lease.granted_at,
+        local: acquired_at,
+    };
     let started = Instant::now();
     let spec = Spec {
         argv: &cfg.command,
@@ -330,7 +334,8 @@ async fn execute(
                 argv,
                 host: &me.host,
                 pid: me.pid,
-                elapsed: started.elapsed(),
+                started_at: clock.at(started),
+                finished_at: clock.at(Instant::now()),
                 stdout: &[],
                 stderr: &[],
                 stdout_truncated: false,
@@ -400,6 +405,7 @@ async fn execute(
             (child_status(s), outcome, exit)
         }
     };
+    let ended = Instant::now();
     if lost.is_some() || outcome != Outcome::Completed {
         child.kill_leftovers();
     }
@@ -416,7 +422,8 @@ async fn execute(
         argv,
         host: &me.host,
         pid: me.pid,
-        elapsed: started.elapsed(),
+        started_at: clock.at(started),
+        finished_at: clock.at(ended),
         stdout: &out.bytes,
         stderr: &err.bytes,
         stdout_truncated: out.truncated,

@@ -4,6 +4,7 @@
 mod common;
 
 mod cli;
+mod completions;
 mod faults;
 mod inspect;
 mod lease;
