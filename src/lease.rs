@@ -141,18 +141,21 @@ pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Op
         .query_typed(&sql, &[(&target, Type::TEXT)])
         .await
         .context("cannot read the lease")?;
-    Ok(rows.first().map(|r| {
-        let ttl_ms: i64 = r.get(3);
-        let age_ms: i64 = r.get(4);
-        Holder {
-            host: r.get(0),
-            pid: r.get(1),
-            fence: r.get(2),
-            ttl: Duration::from_millis(ttl_ms.max(0) as u64),
-            heartbeat_age: Duration::from_millis(age_ms.max(0) as u64),
-            expires_in: Duration::from_millis((ttl_ms - age_ms).max(0) as u64),
-        }
-    }))
+    Ok(rows.first().map(holder_from_row))
+}
+
+/// A holder from a row of (holder_host, holder_pid, fence, ttl_ms, age_ms).
+fn holder_from_row(r: &tokio_postgres::Row) -> Holder {
+    let ttl_ms: i64 = r.get(3);
+    let age_ms: i64 = r.get(4);
+    Holder {
+        host: r.get(0),
+        pid: r.get(1),
+        fence: r.get(2),
+        ttl: crate::fmt::millis(ttl_ms),
+        heartbeat_age: crate::fmt::millis(age_ms),
+        expires_in: crate::fmt::millis(ttl_ms - age_ms),
+    }
 }
 
 /// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
@@ -196,24 +199,29 @@ pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<
 }
 
 /// Operator override: frees `target` whoever holds it. Returns the holder it had, if any.
-/// The fence is kept, so the next acquisition is still numbered higher.
+/// The fence is kept, so the next acquisition is still numbered higher. One statement, so the
+/// holder reported is the one that was actually released.
 pub async fn force_release(
     client: &Client,
     schema: &Schema,
     target: &str,
 ) -> Result<Option<Holder>> {
-    let before = holder(client, schema, target).await?;
     let sql = schema.sql(
-        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
-          WHERE target = $1 AND token IS NOT NULL
-         RETURNING pg_notify($2, target)",
+        "WITH old AS (
+             SELECT target, holder_host, holder_pid, fence, ttl_ms,
+                    greatest(0, (extract(epoch FROM now() - heartbeat_at) * 1000))::int8 AS age_ms
+               FROM {s}.leases WHERE target = $1 AND token IS NOT NULL FOR UPDATE
+         )
+         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+           FROM old WHERE l.target = old.target
+         RETURNING old.holder_host, old.holder_pid, old.fence, old.ttl_ms, old.age_ms, pg_notify($2, l.target)",
     );
     let channel = schema.lease_channel();
     let rows = client
         .query_typed(&sql, &[(&target, Type::TEXT), (&channel, Type::TEXT)])
         .await
         .context("cannot release the lease")?;
-    Ok(if rows.is_empty() { None } else { before })
+    Ok(rows.first().map(holder_from_row))
 }
 
 /// How a run ended, as stored in `runs.outcome`.

@@ -8,7 +8,9 @@
 //!   it to the *thread*, so we fork from the runtime's main thread (leasectl runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run.
 //! * a [`Watchdog`] process kills the whole group if leasectl vanishes (even `kill -9`), which
-//!   also covers grandchildren such as the commands of a `sh -c` pipeline.
+//!   also covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is
+//!   forked *first* and leads the process group the child then joins, so there is no moment
+//!   in which the child runs unguarded.
 
 use std::ffi::OsString;
 use std::io::{self, IsTerminal};
@@ -74,8 +76,18 @@ impl Child {
             .stdin(Stdio::inherit())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
             .kill_on_drop(false);
+        // The watchdog leads the group; without one (fork failed) the child leads its own.
+        let watchdog = match Watchdog::arm() {
+            Ok(w) => Some(w),
+            Err(e) => {
+                crate::warn!(
+                    "cannot start the watchdog ({e}); the command may outlive a killed leasectl"
+                );
+                None
+            }
+        };
+        cmd.process_group(watchdog.as_ref().map_or(0, |w| w.pid.as_raw()));
         let terminal = Terminal::foreground();
         let parent = nix::unistd::getpid();
         let hand_over_tty = terminal.is_some();
@@ -95,7 +107,7 @@ impl Child {
                     // command can read the terminal (a background group reading it is stopped
                     // by SIGTTIN). SIGTTOU must be ignored to do this from a background group.
                     libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
                     libc::signal(libc::SIGTTOU, libc::SIG_DFL);
                 }
                 Ok(())
@@ -103,8 +115,9 @@ impl Child {
         }
         let mut child = cmd.spawn().map_err(|e| spawn_error(program, &e))?;
         let pid = child.id().expect("a just-spawned child has a pid");
-        let pgid = Pid::from_raw(pid as i32);
-        let watchdog = Watchdog::arm(pgid).ok();
+        let pgid = watchdog
+            .as_ref()
+            .map_or(Pid::from_raw(pid as i32), |w| w.pid);
         let out = child.stdout.take().expect("stdout is piped");
         let err = child.stderr.take().expect("stderr is piped");
         let limit = spec.capture_limit;
@@ -296,19 +309,22 @@ pub fn child_status(s: ExitStatus) -> ChildStatus {
     ChildStatus::from_exit_status(s)
 }
 
-/// A forked process that SIGKILLs the child's process group when leasectl dies.
+/// A forked process that leads the child's process group and SIGKILLs that group when
+/// leasectl dies.
 ///
 /// It blocks reading a pipe whose only write end leasectl holds. End of file means leasectl
-/// is gone (however it died) and the group is killed; a byte means "stand down". Between fork
-/// and `_exit` it makes only async-signal-safe system calls, so forking from a multi-threaded
-/// process is sound.
+/// is gone (however it died) and the group — the command and everything it started, and the
+/// watchdog itself — is killed; a byte means "stand down". It ignores the signals a stop sends
+/// first (SIGTERM, SIGINT, SIGHUP), so only the final SIGKILL of a stop takes it along.
+/// Between fork and `_exit` it makes only async-signal-safe system calls, so forking from a
+/// multi-threaded process is sound.
 struct Watchdog {
     write: OwnedFd,
     pid: Pid,
 }
 
 impl Watchdog {
-    fn arm(pgid: Pid) -> io::Result<Watchdog> {
+    fn arm() -> io::Result<Watchdog> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let read_fd = read.as_raw_fd();
         let write_fd = write.as_raw_fd();
@@ -316,6 +332,7 @@ impl Watchdog {
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()),
             0 => unsafe {
+                libc::setpgid(0, 0);
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -347,13 +364,17 @@ impl Watchdog {
                         continue;
                     }
                     if n != 1 {
-                        libc::kill(-pgid.as_raw(), libc::SIGKILL);
+                        libc::kill(0, libc::SIGKILL);
                     }
                     libc::_exit(0);
                 }
             },
             pid => {
                 drop(read);
+                // Also set here, so the group exists before the command is spawned into it
+                // whichever of the two processes runs first (as shells do).
+                // SAFETY: plain setpgid(2) on our own child.
+                unsafe { libc::setpgid(pid, pid) };
                 Ok(Watchdog {
                     write,
                     pid: Pid::from_raw(pid),
