@@ -353,29 +353,13 @@ pub async fn save_fenced(
     let outbox_channel = schema.outbox_channel();
     let f = RunFields::new(run);
     let payload = event_payload(lease, run, &f);
-    let params: [(&(dyn ToSql + Sync), Type); 21] = [
-        (&run.id, Type::UUID),
-        (&lease.target, Type::TEXT),
-        (&lease.fence, Type::INT8),
-        (&lease.token, Type::UUID),
-        (&f.outcome, Type::TEXT),
-        (&run.argv, Type::TEXT_ARRAY),
-        (&run.host, Type::TEXT),
-        (&run.pid, Type::INT4),
-        (&run.started_at, Type::TIMESTAMPTZ),
-        (&run.finished_at, Type::TIMESTAMPTZ),
-        (&f.exit_code, Type::INT4),
-        (&f.signal, Type::INT4),
-        (&run.stdout, Type::BYTEA),
-        (&run.stderr, Type::BYTEA),
-        (&run.stdout_truncated, Type::BOOL),
-        (&run.stderr_truncated, Type::BOOL),
-        (&run.error, Type::TEXT),
-        (&event_type, Type::TEXT),
+    let mut params = f.params(lease, run);
+    params.extend([
+        (&event_type as &(dyn ToSql + Sync), Type::TEXT),
         (&payload, Type::JSONB),
         (&lease_channel, Type::TEXT),
         (&outbox_channel, Type::TEXT),
-    ];
+    ]);
     let row = client.query_typed_one(&sql, &params).await?;
     let stored: i64 = row.get(0);
     Ok(if stored == 1 {
@@ -401,6 +385,33 @@ impl RunFields {
                 .or_else(|| run.status.and_then(ChildStatus::code)),
             signal: run.status.and_then(ChildStatus::signal),
         }
+    }
+
+    /// $1…$17 of both run inserts, in the column order of `runs`.
+    fn params<'a>(
+        &'a self,
+        lease: &'a Lease,
+        run: &'a RunRecord<'_>,
+    ) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
+        vec![
+            (&run.id, Type::UUID),
+            (&lease.target, Type::TEXT),
+            (&lease.fence, Type::INT8),
+            (&lease.token, Type::UUID),
+            (&self.outcome, Type::TEXT),
+            (&run.argv, Type::TEXT_ARRAY),
+            (&run.host, Type::TEXT),
+            (&run.pid, Type::INT4),
+            (&run.started_at, Type::TIMESTAMPTZ),
+            (&run.finished_at, Type::TIMESTAMPTZ),
+            (&self.exit_code, Type::INT4),
+            (&self.signal, Type::INT4),
+            (&run.stdout, Type::BYTEA),
+            (&run.stderr, Type::BYTEA),
+            (&run.stdout_truncated, Type::BOOL),
+            (&run.stderr_truncated, Type::BOOL),
+            (&run.error, Type::TEXT),
+        ]
     }
 }
 
@@ -450,28 +461,12 @@ pub async fn record_lost(
     let sql = schema.sql(
         "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
                                exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
-         VALUES ($1, $2, $3, $4, 'lost', $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
          ON CONFLICT (id) DO NOTHING",
     );
-    let f = RunFields::new(run);
-    let params: [(&(dyn ToSql + Sync), Type); 16] = [
-        (&run.id, Type::UUID),
-        (&lease.target, Type::TEXT),
-        (&lease.fence, Type::INT8),
-        (&lease.token, Type::UUID),
-        (&run.argv, Type::TEXT_ARRAY),
-        (&run.host, Type::TEXT),
-        (&run.pid, Type::INT4),
-        (&run.started_at, Type::TIMESTAMPTZ),
-        (&run.finished_at, Type::TIMESTAMPTZ),
-        (&f.exit_code, Type::INT4),
-        (&f.signal, Type::INT4),
-        (&run.stdout, Type::BYTEA),
-        (&run.stderr, Type::BYTEA),
-        (&run.stdout_truncated, Type::BOOL),
-        (&run.stderr_truncated, Type::BOOL),
-        (&run.error, Type::TEXT),
-    ];
+    let mut f = RunFields::new(run);
+    f.outcome = Outcome::Lost.as_str();
+    let params = f.params(lease, run);
     client
         .execute_typed(&sql, &params)
         .await

@@ -189,6 +189,11 @@ pub fn wait_for_file(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap().trim().to_owned()
 }
 
+/// Waits for a file to exist.
+pub fn wait_for_file_exists(p: &Path) {
+    wait_for(&p.display().to_string(), || p.exists());
+}
+
 /// True while a process with this pid exists (and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -308,5 +313,55 @@ impl Watched {
         }
         out.stderr = self.stderr().into_bytes();
         out
+    }
+}
+
+impl Env {
+    /// Shell code that blocks until [`Env::open_gate`] is called.
+    pub fn gate(&self) -> String {
+        format!(
+            "while [ ! -e '{}' ]; do sleep 0.02; done",
+            self.path("gate").display()
+        )
+    }
+
+    pub fn open_gate(&self) {
+        std::fs::write(self.path("gate"), "").unwrap();
+    }
+
+    /// Starts `cmd run --target TARGET EXTRA… -- sh -c SCRIPT`, where the script first marks
+    /// that it runs, and returns once it does — that is, once the lease is held.
+    pub fn hold_with(
+        &self,
+        mut cmd: Command,
+        target: &str,
+        extra: &[&str],
+        script: &str,
+    ) -> std::process::Child {
+        let started = self.path(&format!("started-{target}"));
+        let child = cmd
+            .args(["run", "--target", target])
+            .args(extra)
+            .args(["--", "sh", "-c"])
+            .arg(format!("touch '{}'; {script}", started.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(&format!("the holder of '{target}' to start"), || {
+            started.exists()
+        });
+        child
+    }
+
+    /// [`Env::hold_with`] on this test's database: a holder of TARGET running SCRIPT.
+    pub fn hold(&self, target: &str, script: &str) -> std::process::Child {
+        self.hold_with(self.command(), target, &[], script)
+    }
+
+    /// Stops a holder started by [`Env::hold`] with SIGTERM (leasectl forwards it: exit 143).
+    pub fn stop(&self, holder: std::process::Child) {
+        kill(holder.id(), libc::SIGTERM);
+        assert_eq!(code(&finish(holder)), 143);
     }
 }

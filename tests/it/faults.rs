@@ -6,49 +6,59 @@ use std::time::Duration;
 use leasectl::db::Settings;
 
 use crate::common::*;
-use crate::lease::wait_for_file_exists;
 
-/// The test URL with an application_name that identifies one leasectl's connections.
-fn url_named(env: &Env, name: &str) -> String {
-    if env.url.contains("://") {
-        let sep = if env.url.contains('?') { '&' } else { '?' };
-        format!("{}{sep}application_name={name}", env.url)
-    } else {
-        format!("{} application_name={name}", env.url)
+/// A leasectl whose connections carry an application_name of their own, so a test can cut
+/// exactly its connections (the way a network blip or a server restart would).
+struct Named {
+    name: String,
+    url: String,
+}
+
+impl Named {
+    fn new(env: &Env, prefix: &str) -> Named {
+        let name = format!("{prefix}_{}", env.schema);
+        let url = if env.url.contains("://") {
+            let sep = if env.url.contains('?') { '&' } else { '?' };
+            format!("{}{sep}application_name={name}", env.url)
+        } else {
+            format!("{} application_name={name}", env.url)
+        };
+        Named { name, url }
+    }
+
+    fn command(&self, env: &Env) -> std::process::Command {
+        env.command_at(&self.url)
+    }
+
+    /// Terminates this leasectl's one database connection.
+    fn cut(&self, env: &Env) {
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{}'",
+            self.name
+        );
+        assert_eq!(
+            env.scalar(&sql),
+            "1",
+            "expected exactly one connection named {}",
+            self.name
+        );
     }
 }
 
 #[test]
 fn a_dropped_connection_is_reconnected_and_the_job_keeps_its_lease() {
     let env = Env::new();
-    let name = format!("hb_{}", env.schema);
-    let started = env.path("started");
-    let gate = env.path("gate");
-    let script = format!(
-        "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo finished",
-        started.display(),
-        gate.display()
-    );
-    let holder = Watched::new(
-        env.command_at(&url_named(&env, &name))
-            .args([
-                "run", "--target", "h", "--ttl", "2s", "--", "sh", "-c", &script,
-            ])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_file_exists(&started);
-    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
-    assert_eq!(killed, "1");
+    let named = Named::new(&env, "hb");
+    let script = format!("{}; echo finished", env.gate());
+    let holder = Watched::new(env.hold_with(named.command(&env), "h", &["--ttl", "2s"], &script));
+    named.cut(&env);
     holder.wait_for_stderr("recovered after");
     // The lease is still held and being renewed.
     let before = env.scalar("SELECT heartbeat_at FROM leases");
     wait_for("another heartbeat", || {
         env.scalar("SELECT heartbeat_at FROM leases") != before
     });
-    std::fs::write(&gate, "").unwrap();
+    env.open_gate();
     let o = holder.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "finished\n");
@@ -107,25 +117,11 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
 #[test]
 fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
     let env = Env::new();
-    let name = format!("w_{}", env.schema);
-    let started = env.path("started");
-    let gate = env.path("gate");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
-        "wl",
-        "--",
-        "sh",
-        "-c",
-        &format!(
-            "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done",
-            started.display(),
-            gate.display()
-        ),
-    ]);
-    wait_for_file_exists(&started);
+    let named = Named::new(&env, "w");
+    let holder = env.hold("wl", &env.gate());
     let waiter = Watched::new(
-        env.command_at(&url_named(&env, &name))
+        named
+            .command(&env)
             .args([
                 "run",
                 "-v",
@@ -143,10 +139,9 @@ fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
             .unwrap(),
     );
     waiter.wait_for_stderr("waiting for 'wl'");
-    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
-    assert_eq!(killed, "1");
+    named.cut(&env);
     waiter.wait_for_stderr("lost the database while waiting");
-    std::fs::write(&gate, "").unwrap();
+    env.open_gate();
     assert_eq!(code(&finish(holder)), 0);
     let o = waiter.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -156,27 +151,12 @@ fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
 #[test]
 fn a_connection_lost_before_the_save_is_reconnected_and_the_result_stored_once() {
     let env = Env::new();
-    let name = format!("s_{}", env.schema);
-    let started = env.path("started");
-    let gate = env.path("gate");
+    let named = Named::new(&env, "s");
     // A long TTL: no heartbeat happens during the run, so the save is the first to notice.
-    let holder = Watched::new(
-        env.command_at(&url_named(&env, &name))
-            .args(["run", "--target", "sv", "--ttl", "1m", "--", "sh", "-c"])
-            .arg(format!(
-                "touch '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo result",
-                started.display(),
-                gate.display()
-            ))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_file_exists(&started);
-    let killed = env.scalar(&format!("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{name}'"));
-    assert_eq!(killed, "1");
-    std::fs::write(&gate, "").unwrap();
+    let script = format!("{}; echo result", env.gate());
+    let holder = Watched::new(env.hold_with(named.command(&env), "sv", &["--ttl", "1m"], &script));
+    named.cut(&env);
+    env.open_gate();
     let o = holder.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(stderr(&o).contains("retrying"), "{}", stderr(&o));

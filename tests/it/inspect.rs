@@ -2,7 +2,6 @@
 //! schema handling underneath (isolation, concurrent first use, a newer schema refused).
 
 use crate::common::*;
-use crate::lease::wait_for_file_exists;
 
 #[test]
 fn status_json_has_the_documented_keys_for_held_and_free_targets() {
@@ -11,19 +10,7 @@ fn status_json_has_the_documented_keys_for_held_and_free_targets() {
         code(&env.run(&["run", "--target", "done", "--", "sh", "-c", "exit 4"])),
         4
     );
-    let started = env.path("started");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
-        "busy",
-        "--ttl",
-        "1m",
-        "--",
-        "sh",
-        "-c",
-        &format!("touch '{}'; sleep 30", started.display()),
-    ]);
-    wait_for_file_exists(&started);
+    let holder = env.hold_with(env.command(), "busy", &["--ttl", "1m"], "sleep 30");
 
     let s = env.status();
     let targets = s["targets"].as_array().unwrap();
@@ -62,8 +49,7 @@ fn status_json_has_the_documented_keys_for_held_and_free_targets() {
     );
     assert!(table.contains("outbox: 1 pending, 0 dead"), "{table}");
 
-    kill(holder.id(), libc::SIGTERM);
-    finish(holder);
+    env.stop(holder);
     // An expired holder shows as expired, not held.
     env.sql("UPDATE leases SET token = gen_random_uuid(), heartbeat_at = now() - interval '2 minutes', ttl_ms = 1000 WHERE target = 'done'");
     let s = env.run(&["status", "--target", "done", "--json"]);
@@ -165,25 +151,14 @@ fn two_schemas_do_not_see_each_other() {
     let a = Env::new();
     let mut b = Env::new();
     b.url = a.url.clone();
-    let started = a.path("started");
-    let holder = a.spawn(&[
-        "run",
-        "--target",
-        "same",
-        "--",
-        "sh",
-        "-c",
-        &format!("touch '{}'; sleep 30", started.display()),
-    ]);
-    wait_for_file_exists(&started);
+    let holder = a.hold("same", "sleep 30");
     // Same target name, other schema: not busy.
     assert_eq!(code(&b.run(&["run", "--target", "same", "--", "true"])), 0);
     assert_eq!(b.status()["targets"][0]["state"], "free");
     assert_eq!(a.status()["targets"][0]["state"], "held");
     assert_eq!(a.status()["outbox"]["pending"], 0);
     assert_eq!(b.status()["outbox"]["pending"], 1);
-    kill(holder.id(), libc::SIGTERM);
-    finish(holder);
+    a.stop(holder);
 }
 
 #[test]

@@ -316,10 +316,7 @@ fn three_waiters_serialise_without_overlap() {
 #[test]
 fn wait_with_a_limit_gives_up_with_the_busy_code() {
     let env = Env::new();
-    let started = env.path("started");
-    let script = format!("touch '{}'; sleep 30", started.display());
-    let holder = env.spawn(&["run", "--target", "w", "--", "sh", "-c", &script]);
-    wait_for_file_exists(&started);
+    let holder = env.hold("w", "sleep 30");
     let t = Instant::now();
     let o = env.run(&[
         "run",
@@ -334,12 +331,7 @@ fn wait_with_a_limit_gives_up_with_the_busy_code() {
     assert_eq!(code(&o), 9, "{}", stderr(&o));
     assert!(t.elapsed() >= Duration::from_millis(300));
     assert!(stderr(&o).contains("gave up waiting"), "{}", stderr(&o));
-    kill(holder.id(), libc::SIGTERM);
-    assert_eq!(code(&finish(holder)), 143);
-}
-
-pub fn wait_for_file_exists(p: &std::path::Path) {
-    wait_for(&p.display().to_string(), || p.exists());
+    env.stop(holder);
 }
 
 #[test]

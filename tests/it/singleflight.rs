@@ -1,7 +1,6 @@
 //! `--reuse-within` and `--wait` as a cross-process singleflight (the OAuth refresh case).
 
 use crate::common::*;
-use crate::lease::wait_for_file_exists;
 
 /// A command that counts its runs in `count` and prints a value unique to this run.
 fn refresh_script(env: &Env, extra: &str) -> String {
@@ -117,18 +116,15 @@ fn a_failed_run_is_not_reused_by_a_caller_that_did_not_wait_for_it() {
     assert_eq!(runs_counted(&env), 2);
 }
 
-/// Starts a holder that blocks until `gate` exists, then runs `tail`; returns once it holds.
+/// Starts a holder that counts its run, blocks until the gate opens, then runs `tail`;
+/// returns once it holds the lease.
 fn gated_holder(env: &Env, tail: &str) -> std::process::Child {
-    let started = env.path("started");
     let script = format!(
-        "echo ran >> '{count}'; touch '{started}'; while [ ! -e '{gate}' ]; do sleep 0.02; done; {tail}",
-        count = env.path("count").display(),
-        started = started.display(),
-        gate = env.path("gate").display(),
+        "echo ran >> '{}'; {}; {tail}",
+        env.path("count").display(),
+        env.gate()
     );
-    let holder = env.spawn(&["run", "--target", "sf", "--", "sh", "-c", &script]);
-    wait_for_file_exists(&started);
-    holder
+    env.hold("sf", &script)
 }
 
 /// Starts `n` waiting singleflight callers and returns once all are in their wait loop.
@@ -162,7 +158,7 @@ fn waiters_share_the_failure_of_the_run_they_waited_for() {
     let env = Env::new();
     let holder = gated_holder(&env, "echo refresh-failed; exit 3");
     let ws = waiters(&env, 3);
-    std::fs::write(env.path("gate"), "").unwrap();
+    env.open_gate();
     assert_eq!(code(&finish(holder)), 3);
     for w in ws {
         let o = w.finish();
@@ -177,8 +173,7 @@ fn after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all() {
     let env = Env::new();
     let holder = gated_holder(&env, "true");
     let ws = waiters(&env, 3);
-    kill(holder.id(), libc::SIGTERM);
-    assert_eq!(code(&finish(holder)), 143);
+    env.stop(holder);
     let outs: Vec<_> = ws.into_iter().map(Watched::finish).collect();
     for o in &outs {
         assert_eq!(code(o), 0, "{}", stderr(o));

@@ -6,7 +6,6 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::lease::wait_for_file_exists;
 
 #[test]
 fn binary_output_streams_live_and_round_trips_through_output() {
@@ -239,17 +238,7 @@ fn sigterm_to_leasectl_is_forwarded_the_run_is_interrupted_and_the_lease_release
 #[test]
 fn sigint_to_a_waiting_leasectl_exits_130_without_running() {
     let env = Env::new();
-    let started = env.path("started");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
-        "w",
-        "--",
-        "sh",
-        "-c",
-        &format!("touch '{}'; sleep 30", started.display()),
-    ]);
-    wait_for_file_exists(&started);
+    let holder = env.hold("w", "sleep 30");
     let waiter = Watched::new(env.spawn(&[
         "run",
         "--target",
@@ -266,8 +255,7 @@ fn sigint_to_a_waiting_leasectl_exits_130_without_running() {
     let o = waiter.finish();
     assert_eq!(code(&o), 130, "{}", stderr(&o));
     assert!(!env.path("waiter-ran").exists());
-    kill(holder.id(), libc::SIGTERM);
-    finish(holder);
+    env.stop(holder);
 }
 
 /// Runs `leasectl ARGS` under `script(1)`, i.e. on a pseudo-terminal, feeding `input`.
@@ -327,17 +315,7 @@ fn an_interactive_command_can_read_the_terminal() {
 #[test]
 fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
     let env = Env::new();
-    let started = env.path("started");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
-        "w",
-        "--",
-        "sh",
-        "-c",
-        &format!("touch '{}'; sleep 30", started.display()),
-    ]);
-    wait_for_file_exists(&started);
+    let holder = env.hold("w", "sleep 30");
 
     let tty = on_a_terminal(
         &env,
@@ -364,6 +342,5 @@ fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
         stderr(&log)
     );
 
-    kill(holder.id(), libc::SIGTERM);
-    finish(holder);
+    env.stop(holder);
 }
