@@ -194,24 +194,7 @@ impl Child {
     pub async fn finish(mut self) -> (Capture, Capture) {
         let out = self.stdout.drain().await;
         let err = self.stderr.drain().await;
-        if let Some(t) = self.terminal.take() {
-            t.restore();
-        }
-        if let Some(w) = self.watchdog.take() {
-            w.disarm();
-        }
         (out, err)
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        if let Some(t) = self.terminal.take() {
-            t.restore();
-        }
-        if let Some(w) = self.watchdog.take() {
-            w.disarm();
-        }
     }
 }
 
@@ -382,9 +365,12 @@ impl Watchdog {
             }
         }
     }
+}
 
-    /// Tells the watchdog to exit without killing, and reaps it.
-    fn disarm(self) {
+/// Dropping the watchdog (the run is over, or the spawn failed) tells it to exit without
+/// killing, and reaps it.
+impl Drop for Watchdog {
+    fn drop(&mut self) {
         let _ = nix::unistd::write(&self.write, b"x");
         let _ = nix::sys::wait::waitpid(self.pid, None);
     }
@@ -404,8 +390,12 @@ impl Terminal {
         let fg = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) };
         (fg == nix::unistd::getpgrp().as_raw()).then_some(Terminal)
     }
+}
 
-    fn restore(self) {
+/// Gives the terminal back to leasectl's own process group when the child is done (or could
+/// not be started after its pre-exec step took the terminal).
+impl Drop for Terminal {
+    fn drop(&mut self) {
         // SAFETY: plain system calls; SIGTTOU is ignored around tcsetpgrp because leasectl is
         // a background group of this terminal until the call succeeds.
         unsafe {
