@@ -56,8 +56,9 @@ pub struct Child {
     status: Option<ExitStatus>,
     stdout: Pump,
     stderr: Pump,
-    watchdog: Option<Watchdog>,
-    terminal: Option<Terminal>,
+    /// Held for their `Drop`: stand the watchdog down, give the terminal back.
+    _watchdog: Option<Watchdog>,
+    _terminal: Option<Terminal>,
 }
 
 /// How long to keep reading output after the child exited, in case something it left behind
@@ -129,8 +130,8 @@ impl Child {
             status: None,
             stdout,
             stderr,
-            watchdog,
-            terminal,
+            _watchdog: watchdog,
+            _terminal: terminal,
         })
     }
 
