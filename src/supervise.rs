@@ -193,9 +193,7 @@ impl Child {
     /// Waits for end of file on both pipes; a process the child left behind may hold them open,
     /// so reading stops once nothing has arrived for [`DRAIN_AFTER_EXIT`].
     pub async fn finish(mut self) -> (Capture, Capture) {
-        let out = self.stdout.drain().await;
-        let err = self.stderr.drain().await;
-        (out, err)
+        tokio::join!(self.stdout.drain(), self.stderr.drain())
     }
 }
 

@@ -344,3 +344,34 @@ fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
 
     env.stop(holder);
 }
+
+#[test]
+fn a_background_process_holding_the_output_pipes_does_not_hold_up_the_run() {
+    let env = Env::new();
+    let pidfile = env.path("bg");
+    let t = Instant::now();
+    let script = format!(
+        "sleep 30 & echo $! > '{}'; echo started-bg",
+        pidfile.display()
+    );
+    let o = env.run(&["run", "--target", "bg", "--", "sh", "-c", &script]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "waited {:?} for a background process",
+        t.elapsed()
+    );
+    assert_eq!(stdout(&o), "started-bg\n");
+    assert_eq!(
+        stdout(&env.run(&["output", "--target", "bg"])),
+        "started-bg\n"
+    );
+    // A command that completed normally keeps what it left running (like timeout(1) does).
+    let bg: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(alive(bg));
+    kill(bg as u32, libc::SIGKILL);
+}
