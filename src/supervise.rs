@@ -115,6 +115,12 @@ impl Child {
             });
         }
         let mut child = cmd.spawn().map_err(|e| spawn_error(program, &e))?;
+        if let Some(w) = &watchdog {
+            // The command has joined the group the watchdog created; take the watchdog out of
+            // it again, so that signals to the group reach only the command and its children
+            // and "is anything left in the group?" has an honest answer.
+            w.leave_group();
+        }
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = watchdog
             .as_ref()
@@ -186,6 +192,28 @@ impl Child {
     /// Kills processes the child left behind in its group.
     pub fn kill_leftovers(&self) {
         let _ = killpg(self.pgid, Signal::SIGKILL);
+    }
+
+    /// True while any process remains in the command's group (the watchdog has left it).
+    pub fn has_leftovers(&self) -> bool {
+        killpg(self.pgid, None).is_ok()
+    }
+
+    /// After a normal exit: anything the command left running in its group (`cmd &`) would
+    /// keep working without a lease, so it gets SIGTERM, then SIGKILL after `grace`. Returns
+    /// whether there was anything to stop. (A process that must outlive the run has to leave
+    /// the group, e.g. with setsid.)
+    pub async fn end_leftovers(&self, grace: Duration) -> bool {
+        if !self.has_leftovers() {
+            return false;
+        }
+        self.signal(Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.has_leftovers() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill_leftovers();
+        true
     }
 
     /// Collects the captured output. Call after the child exited.
@@ -291,15 +319,17 @@ pub fn child_status(s: ExitStatus) -> ChildStatus {
     ChildStatus::from_exit_status(s)
 }
 
-/// A forked process that leads the child's process group and SIGKILLs that group when
+/// A forked process that creates the child's process group and SIGKILLs that group when
 /// leasectl dies.
 ///
-/// It blocks reading a pipe whose only write end leasectl holds. End of file means leasectl
-/// is gone (however it died) and the group — the command and everything it started, and the
-/// watchdog itself — is killed; a byte means "stand down". It ignores the signals a stop sends
-/// first (SIGTERM, SIGINT, SIGHUP), so only the final SIGKILL of a stop takes it along.
+/// It is forked before the command and starts a new process group, which the command then
+/// joins; right after the spawn leasectl moves the watchdog back to its own group. So the
+/// command is never unguarded, and the group holds only the command and what it started.
+/// The watchdog blocks reading a pipe whose only write end leasectl holds: end of file means
+/// leasectl is gone (however it died) and the group is killed; a byte means "stand down".
 /// Between fork and `_exit` it makes only async-signal-safe system calls, so forking from a
-/// multi-threaded process is sound.
+/// multi-threaded process is sound. The group id stays the watchdog's pid, which cannot be
+/// reused while the watchdog lives, so it never kills a stranger's group.
 struct Watchdog {
     write: OwnedFd,
     pid: Pid,
@@ -315,6 +345,7 @@ impl Watchdog {
             -1 => Err(io::Error::last_os_error()),
             0 => unsafe {
                 libc::setpgid(0, 0);
+                let own_pid = libc::getpid();
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -346,7 +377,7 @@ impl Watchdog {
                         continue;
                     }
                     if n != 1 {
-                        libc::kill(0, libc::SIGKILL);
+                        libc::kill(-own_pid, libc::SIGKILL);
                     }
                     libc::_exit(0);
                 }
@@ -363,6 +394,13 @@ impl Watchdog {
                 })
             }
         }
+    }
+}
+
+impl Watchdog {
+    /// Moves the watchdog from the command's group back into leasectl's.
+    fn leave_group(&self) {
+        let _ = nix::unistd::setpgid(self.pid, nix::unistd::getpgrp());
     }
 }
 

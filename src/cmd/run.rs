@@ -408,6 +408,8 @@ async fn execute(
     let ended = Instant::now();
     if lost.is_some() || outcome != Outcome::Completed {
         child.kill_leftovers();
+    } else if child.end_leftovers(cfg.kill_after).await {
+        warn!("the command left processes running in its process group; they were stopped");
     }
     let (out, err): (Capture, Capture) = child.finish().await;
     let record = RunRecord {

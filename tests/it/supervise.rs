@@ -346,7 +346,9 @@ fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
 }
 
 #[test]
-fn a_background_process_holding_the_output_pipes_does_not_hold_up_the_run() {
+fn processes_the_command_leaves_running_are_stopped_when_it_completes() {
+    // `cmd &` left behind would keep working after the lease is released: at-most-once
+    // would no longer hold. It also holds the output pipes open.
     let env = Env::new();
     let pidfile = env.path("bg");
     let t = Instant::now();
@@ -356,22 +358,57 @@ fn a_background_process_holding_the_output_pipes_does_not_hold_up_the_run() {
     );
     let o = env.run(&["run", "--target", "bg", "--", "sh", "-c", &script]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(
-        t.elapsed() < Duration::from_secs(15),
-        "waited {:?} for a background process",
-        t.elapsed()
-    );
     assert_eq!(stdout(&o), "started-bg\n");
-    assert_eq!(
-        stdout(&env.run(&["output", "--target", "bg"])),
-        "started-bg\n"
+    assert!(
+        stderr(&o).contains("left processes running"),
+        "{}",
+        stderr(&o)
     );
-    // A command that completed normally keeps what it left running (like timeout(1) does).
     let bg: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    assert!(alive(bg));
-    kill(bg as u32, libc::SIGKILL);
+    wait_for("the left-behind process to be stopped", || !alive(bg));
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        stdout(&env.run(&["output", "--target", "bg"])),
+        "started-bg\n"
+    );
+    assert_eq!(
+        env.scalar("SELECT outcome || ':' || exit_code FROM runs"),
+        "completed:0"
+    );
+}
+
+#[test]
+fn a_left_behind_process_that_ignores_sigterm_is_killed_after_the_grace() {
+    let env = Env::new();
+    let pidfile = env.path("bg");
+    let script = format!(
+        "(trap '' TERM; sleep 30) & echo $! > '{}'",
+        pidfile.display()
+    );
+    let o = env.run(&[
+        "run",
+        "--target",
+        "bg",
+        "--kill-after",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let bg: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_for("the left-behind process to be killed", || !alive(bg));
 }
