@@ -167,3 +167,47 @@ fn a_connection_lost_before_the_save_is_reconnected_and_the_result_stored_once()
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
     assert_eq!(env.status()["targets"][0]["state"], "free");
 }
+
+/// TLS against the real server over TCP. Needs `ssl = on` (Debian's default, with its
+/// snakeoil certificate) and password-less TCP login for the current user; a server without
+/// either is reported on stderr and the test ends early — a server setting, not a service.
+#[test]
+fn tls_is_used_when_required_and_an_unverifiable_certificate_is_refused() {
+    let env = Env::new();
+    if env.url.contains("://") || env.url.contains("host=") {
+        eprintln!("TLS test skipped: LEASECTL_TEST_DATABASE_URL names its own host");
+        return;
+    }
+    let tcp = format!("{} host=127.0.0.1", env.url);
+    let probe = env
+        .command_at(&format!("{tcp} sslmode=require"))
+        .args(["migrate"])
+        .output()
+        .unwrap();
+    if code(&probe) != 0 {
+        eprintln!("TLS test skipped: no TLS over TCP here: {}", stderr(&probe));
+        return;
+    }
+    let named = format!("tls_{}", env.schema);
+    let holder = env.hold_with(
+        env.command_at(&format!("{tcp} sslmode=require application_name={named}")),
+        "tls",
+        &[],
+        &env.gate(),
+    );
+    let ssl = env.scalar(&format!(
+        "SELECT bool_and(s.ssl)::text FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = '{named}'"
+    ));
+    assert_eq!(ssl, "true", "the holder's connection is not encrypted");
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+
+    // verify-full checks the certificate against the system roots and the host name; a
+    // self-signed certificate for "localhost" passes neither.
+    let refused = env
+        .command_at(&format!("{tcp} sslmode=verify-full"))
+        .args(["status"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&refused, 69, "certificate");
+}
