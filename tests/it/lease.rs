@@ -370,3 +370,42 @@ fn a_result_finished_after_a_takeover_is_fenced_out_by_the_save() {
     );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
 }
+
+#[test]
+fn waiters_are_woken_by_the_release_not_by_their_fallback_poll() {
+    // Five runs queue up on one target; each hands over to the next. A waiter polls only every
+    // second, so gaps of a few milliseconds between one run's end and the next one's start show
+    // that the release's NOTIFY woke it.
+    let env = Env::new();
+    let holder = env.hold("q", &format!("{}; sleep 0.1", env.gate()));
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            Watched::new(env.spawn(&[
+                "run", "-v", "--target", "q", "--ttl", "1h", "--wait", "--", "sleep", "0.1",
+            ]))
+        })
+        .collect();
+    for w in &waiters {
+        w.wait_for_stderr("waiting for 'q'");
+    }
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+    for w in waiters {
+        assert_eq!(code(&w.finish()), 0);
+    }
+    let gaps: Vec<f64> = env
+        .sql(
+            "SELECT extract(epoch FROM started_at - lag(finished_at) OVER (ORDER BY fence)) * 1000
+               FROM runs ORDER BY fence OFFSET 1",
+        )
+        .into_iter()
+        .map(|r| r[0].as_deref().unwrap().parse().unwrap())
+        .collect();
+    let mut sorted = gaps.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = (sorted[1] + sorted[2]) / 2.0;
+    assert!(
+        median < 300.0,
+        "handover gaps {gaps:?} ms look like polling, not NOTIFY"
+    );
+}
