@@ -9,6 +9,8 @@
 //!   migrates the schema under an advisory lock.
 //! * [`lease`] holds every SQL statement of the lease: acquire, heartbeat, release and the
 //!   fenced save that stores the run and its outbox event only while the token still matches.
+//! * [`heartbeat`] renews a held lease and decides, on the monotonic clock, when the command
+//!   must be stopped because the lease could otherwise expire under it.
 //! * [`supervise`] owns the child process: its process group, output capture, signals, the
 //!   stop with grace, and the watchdog that kills it if leasectl dies.
 //! * [`cmd::run`] ties them together; the other [`cmd`] modules are the operator commands.
@@ -20,6 +22,7 @@ pub mod config;
 pub mod db;
 pub mod exit;
 pub mod fmt;
+pub mod heartbeat;
 pub mod lease;
 #[macro_use]
 pub mod log;

@@ -15,13 +15,14 @@ use std::time::Duration;
 use anyhow::Result;
 use indicatif::ProgressBar;
 use nix::sys::signal::Signal;
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
 use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
+use crate::heartbeat::Heartbeat;
 use crate::lease::{self, Acquired, DbClock, Lease, Outcome, RunRecord, Saved};
 use crate::signals::Signals;
 use crate::supervise::{child_status, Capture, Child, Spec};
@@ -547,104 +548,6 @@ async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Resu
     }
     let _ = lease::release(&db.client, &db.schema, lease).await;
     Ok(Exit::LeaseLost)
-}
-
-/// Renews the lease and decides, on the local monotonic clock, when it must be given up.
-///
-/// The database moved `heartbeat_at` no earlier than the moment we *sent* a successful
-/// heartbeat, so the lease cannot expire before `sent + ttl`. We start stopping the child at
-/// `sent + ttl - kill_after - margin`, so its SIGKILL lands before anyone can take over.
-/// Failed heartbeats are retried until that moment (one dropped packet must not kill a long
-/// job); a heartbeat that matches 0 rows means the lease is gone now.
-struct Heartbeat<'a> {
-    lease: &'a Lease,
-    interval: Duration,
-    retry: Duration,
-    /// `ttl - kill_after - margin`: how long after a confirmed heartbeat we may keep running.
-    budget: Duration,
-    ttl: Duration,
-    next_at: Instant,
-    stop_at: Instant,
-    failures: u32,
-}
-
-impl<'a> Heartbeat<'a> {
-    fn new(lease: &'a Lease, cfg: &RunConfig, sent: Instant) -> Heartbeat<'a> {
-        let margin = (cfg.ttl / 20).min(Duration::from_millis(500));
-        let budget = cfg.ttl.saturating_sub(cfg.kill_after + margin);
-        Heartbeat {
-            lease,
-            interval: cfg.heartbeat,
-            retry: cfg.heartbeat.min(Duration::from_secs(1)),
-            budget,
-            ttl: cfg.ttl,
-            next_at: sent + cfg.heartbeat,
-            stop_at: sent + budget,
-            failures: 0,
-        }
-    }
-
-    /// Runs until the lease is lost; returns why. Cancel-safe: dropping the future between
-    /// polls loses nothing, and calling it again resumes the schedule.
-    async fn keep(&mut self, db: &mut Db) -> String {
-        loop {
-            sleep_until(self.next_at.min(self.stop_at)).await;
-            let sent = Instant::now();
-            if sent >= self.stop_at {
-                return format!(
-                    "no heartbeat for '{}' confirmed in {} (ttl {})",
-                    self.lease.target,
-                    crate::fmt::duration(self.budget),
-                    crate::fmt::duration(self.ttl)
-                );
-            }
-            let limit = (self.stop_at - sent).min(self.interval.max(Duration::from_secs(2)));
-            match timeout(limit, lease::heartbeat(&db.client, &db.schema, self.lease)).await {
-                Ok(Ok(true)) => {
-                    if self.failures > 0 {
-                        warn!(
-                            "heartbeat for '{}' recovered after {} failed attempts",
-                            self.lease.target, self.failures
-                        );
-                    }
-                    self.failures = 0;
-                    self.stop_at = sent + self.budget;
-                    self.next_at = sent + self.interval;
-                }
-                Ok(Ok(false)) => {
-                    return format!(
-                        "the lease on '{}' was taken over or force-released",
-                        self.lease.target
-                    );
-                }
-                Ok(Err(e)) => self.failed(db, &db::reason(&e)).await,
-                Err(_) => self.failed(db, "timed out").await,
-            }
-        }
-    }
-
-    async fn failed(&mut self, db: &mut Db, why: &str) {
-        self.failures += 1;
-        let left = self.stop_at.saturating_duration_since(Instant::now());
-        if self.failures == 1 {
-            warn!(
-                "heartbeat for '{}' failed ({why}); retrying, the command is stopped in {} unless one succeeds",
-                self.lease.target,
-                crate::fmt::duration(left)
-            );
-        } else {
-            info!(
-                "heartbeat attempt {} failed ({why}); {} left",
-                self.failures,
-                crate::fmt::duration(left)
-            );
-        }
-        // A fresh connection, in case this one is dead or hung; bounded by the deadline.
-        if let Ok(Err(e)) = timeout(left, db.reconnect()).await {
-            info!("reconnect failed: {e:#}");
-        }
-        self.next_at = Instant::now() + self.retry;
-    }
 }
 
 /// A spinner on stderr while waiting, for people only: nothing is drawn unless stderr is a

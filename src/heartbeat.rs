@@ -1,0 +1,153 @@
+//! Keeping a held lease alive, and knowing when to give up on it.
+//!
+//! The rule (SPEC, "stop before the lease can be taken over") in one place: the database moved
+//! `heartbeat_at` no earlier than the moment we *sent* a heartbeat that succeeded, so the lease
+//! cannot expire before `sent + ttl`. Stopping the command starts at
+//! `sent + ttl - kill_after - margin`, so its SIGKILL lands before anyone can take over.
+
+use std::time::Duration;
+
+use tokio::time::{sleep_until, timeout, Instant};
+
+use crate::config::RunConfig;
+use crate::db::{self, Db};
+use crate::lease::{self, Lease};
+use crate::{info, warn};
+
+/// Renews the lease and decides, on the local monotonic clock, when it must be given up.
+///
+/// The database moved `heartbeat_at` no earlier than the moment we *sent* a successful
+/// heartbeat, so the lease cannot expire before `sent + ttl`. We start stopping the child at
+/// `sent + ttl - kill_after - margin`, so its SIGKILL lands before anyone can take over.
+/// Failed heartbeats are retried until that moment (one dropped packet must not kill a long
+/// job); a heartbeat that matches 0 rows means the lease is gone now.
+pub struct Heartbeat<'a> {
+    lease: &'a Lease,
+    interval: Duration,
+    retry: Duration,
+    /// `ttl - kill_after - margin`: how long after a confirmed heartbeat we may keep running.
+    budget: Duration,
+    ttl: Duration,
+    next_at: Instant,
+    stop_at: Instant,
+    failures: u32,
+}
+
+impl<'a> Heartbeat<'a> {
+    pub fn new(lease: &'a Lease, cfg: &RunConfig, sent: Instant) -> Heartbeat<'a> {
+        let budget = stop_budget(cfg.ttl, cfg.kill_after);
+        Heartbeat {
+            lease,
+            interval: cfg.heartbeat,
+            retry: cfg.heartbeat.min(Duration::from_secs(1)),
+            budget,
+            ttl: cfg.ttl,
+            next_at: sent + cfg.heartbeat,
+            stop_at: sent + budget,
+            failures: 0,
+        }
+    }
+
+    /// Runs until the lease is lost; returns why. Cancel-safe: dropping the future between
+    /// polls loses nothing, and calling it again resumes the schedule.
+    pub async fn keep(&mut self, db: &mut Db) -> String {
+        loop {
+            sleep_until(self.next_at.min(self.stop_at)).await;
+            let sent = Instant::now();
+            if sent >= self.stop_at {
+                return format!(
+                    "no heartbeat for '{}' confirmed in {} (ttl {})",
+                    self.lease.target,
+                    crate::fmt::duration(self.budget),
+                    crate::fmt::duration(self.ttl)
+                );
+            }
+            let limit = (self.stop_at - sent).min(self.interval.max(Duration::from_secs(2)));
+            match timeout(limit, lease::heartbeat(&db.client, &db.schema, self.lease)).await {
+                Ok(Ok(true)) => {
+                    if self.failures > 0 {
+                        warn!(
+                            "heartbeat for '{}' recovered after {} failed attempts",
+                            self.lease.target, self.failures
+                        );
+                    }
+                    self.failures = 0;
+                    self.stop_at = sent + self.budget;
+                    self.next_at = sent + self.interval;
+                }
+                Ok(Ok(false)) => {
+                    return format!(
+                        "the lease on '{}' was taken over or force-released",
+                        self.lease.target
+                    );
+                }
+                Ok(Err(e)) => self.failed(db, &db::reason(&e)).await,
+                Err(_) => self.failed(db, "timed out").await,
+            }
+        }
+    }
+
+    async fn failed(&mut self, db: &mut Db, why: &str) {
+        self.failures += 1;
+        let left = self.stop_at.saturating_duration_since(Instant::now());
+        if self.failures == 1 {
+            warn!(
+                "heartbeat for '{}' failed ({why}); retrying, the command is stopped in {} unless one succeeds",
+                self.lease.target,
+                crate::fmt::duration(left)
+            );
+        } else {
+            info!(
+                "heartbeat attempt {} failed ({why}); {} left",
+                self.failures,
+                crate::fmt::duration(left)
+            );
+        }
+        // A fresh connection, in case this one is dead or hung; bounded by the deadline.
+        if let Ok(Err(e)) = timeout(left, db.reconnect()).await {
+            info!("reconnect failed: {e:#}");
+        }
+        self.next_at = Instant::now() + self.retry;
+    }
+}
+
+/// How long after a confirmed heartbeat's send the command may keep running before it must
+/// be stopped: `ttl - kill_after - margin`, with `margin = min(ttl/20, 500ms)` for the SIGKILL
+/// to land and the process to die.
+pub fn stop_budget(ttl: Duration, kill_after: Duration) -> Duration {
+    let margin = (ttl / 20).min(Duration::from_millis(500));
+    ttl.saturating_sub(kill_after + margin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sigkill_lands_a_margin_before_the_ttl() {
+        let s = Duration::from_secs;
+        assert_eq!(stop_budget(s(120), s(10)), Duration::from_millis(109_500));
+        assert_eq!(
+            stop_budget(s(1), Duration::from_millis(100)),
+            Duration::from_millis(850)
+        );
+        for (ttl_ms, kill_ms) in [
+            (100, 10),
+            (1000, 100),
+            (120_000, 10_000),
+            (3_600_000, 10_000),
+        ] {
+            let (ttl, kill) = (
+                Duration::from_millis(ttl_ms),
+                Duration::from_millis(kill_ms),
+            );
+            let budget = stop_budget(ttl, kill);
+            assert!(
+                budget + kill < ttl,
+                "SIGKILL at {:?} is not before the TTL {ttl:?}",
+                budget + kill
+            );
+            assert!(budget > Duration::ZERO);
+        }
+    }
+}
