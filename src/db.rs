@@ -23,8 +23,9 @@ use crate::tls;
 
 /// How long a connection attempt may take before the database counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Server-side limit on every statement, so a stuck lock or server cannot hang leasectl.
-const STATEMENT_TIMEOUT: &str = "30s";
+/// Server-side limit on every statement, so a stuck lock or server cannot hang leasectl; sent
+/// first on every connection.
+const SET_STATEMENT_TIMEOUT: &str = "SET statement_timeout = '30s'";
 /// Socket directories tried when nothing names a host: Debian's, then the upstream default.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
@@ -246,9 +247,7 @@ impl Db {
     /// Opens a fresh connection with the same settings (the schema is already migrated).
     pub async fn reconnect(&mut self) -> Result<()> {
         let (client, notifications) = open(&self.settings).await?;
-        client
-            .batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'"))
-            .await?;
+        client.batch_execute(SET_STATEMENT_TIMEOUT).await?;
         self.client = client;
         self.notifications = notifications;
         Ok(())
@@ -332,7 +331,7 @@ pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
 pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
     let probe = client
         .simple_query(&schema.sql(&format!(
-            "SET statement_timeout = '{STATEMENT_TIMEOUT}'; SELECT max(version) FROM {{s}}.schema_migrations"
+            "{SET_STATEMENT_TIMEOUT}; SELECT max(version) FROM {{s}}.schema_migrations"
         )))
         .await;
     match probe {
@@ -356,9 +355,7 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
 
 async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     // The failed probe rolled back its SET; repeat it outside the transaction.
-    client
-        .batch_execute(&format!("SET statement_timeout = '{STATEMENT_TIMEOUT}'"))
-        .await?;
+    client.batch_execute(SET_STATEMENT_TIMEOUT).await?;
     let tx = client.transaction().await?;
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))",

@@ -25,8 +25,6 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
-use crate::exit::ChildStatus;
-
 /// What a stream of the child produced, up to the capture limit.
 #[derive(Debug, Default)]
 pub struct Capture {
@@ -312,11 +310,6 @@ fn spawn_error(program: &OsString, e: &io::Error) -> SpawnError {
         exit_code,
         message: format!("cannot run '{}': {e}", program.to_string_lossy()),
     }
-}
-
-/// Maps a child's status to the stored form.
-pub fn child_status(s: ExitStatus) -> ChildStatus {
-    ChildStatus::from_exit_status(s)
 }
 
 /// A forked process that creates the child's process group and SIGKILLs that group when

@@ -25,7 +25,7 @@ use crate::exit::{ChildStatus, Exit};
 use crate::heartbeat::Heartbeat;
 use crate::lease::{self, Acquired, DbClock, Lease, Outcome, RunRecord, Saved};
 use crate::signals::Signals;
-use crate::supervise::{child_status, Capture, Child, Spec};
+use crate::supervise::{Capture, Child, Spec};
 use crate::{info, warn};
 
 /// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
@@ -365,7 +365,7 @@ async fn execute(
     let mut lost: Option<String> = None;
     let (status, outcome, exit) = match ending {
         Ending::Exited(s) => {
-            let st = child_status(s);
+            let st = ChildStatus::from_exit_status(s);
             (st, Outcome::Completed, Exit::Code(st.exit_code()))
         }
         Ending::Lost(reason) => {
@@ -373,7 +373,11 @@ async fn execute(
             lost = Some(reason);
             // Deadline arithmetic: the SIGKILL of this stop lands before the TTL can run out.
             let s = child.stop(Signal::SIGTERM, cfg.kill_after).await;
-            (child_status(s), Outcome::Lost, Exit::LeaseLost)
+            (
+                ChildStatus::from_exit_status(s),
+                Outcome::Lost,
+                Exit::LeaseLost,
+            )
         }
         Ending::TimedOut | Ending::Interrupted(_) => {
             let (first, outcome, exit) = match ending {
@@ -403,7 +407,7 @@ async fn execute(
                     child.kill_now().await
                 }
             };
-            (child_status(s), outcome, exit)
+            (ChildStatus::from_exit_status(s), outcome, exit)
         }
     };
     let ended = Instant::now();
