@@ -27,5 +27,6 @@ pub mod lease;
 #[macro_use]
 pub mod log;
 pub mod signals;
+pub mod sink;
 pub mod supervise;
 pub mod tls;

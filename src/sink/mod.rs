@@ -1,0 +1,269 @@
+//! Where `leasectl relay` publishes events: the sinks of SPEC's table.
+//!
+//! A sink is chosen by `--sink SINK` ([`SinkSpec::parse`], a usage error when malformed) and
+//! opened once by the relay ([`Sink::open`]). The relay then calls [`Sink::deliver`] for each
+//! event — concurrently for events of different aggregates, one at a time within an aggregate —
+//! and [`Sink::flush`] once per batch. An event counts as delivered only when `deliver` (and the
+//! batch's `flush`) returned `Ok`: the sink confirmed it.
+//!
+//! Failures come in two kinds, because they are handled differently:
+//!
+//! * [`DeliveryError::Rejected`]: the sink answered and refused *this event* (HTTP non-2xx, a
+//!   broker nack or an unroutable message, a command that exited non-zero, no confirmation
+//!   within `--timeout`). It costs the event an attempt; after `--max-attempts` it is dead.
+//! * [`DeliveryError::Unavailable`]: the sink could not be reached at all (connection refused or
+//!   lost). No attempt is counted — a broker outage must not kill events — and the relay backs
+//!   off and tries again later. Sinks reconnect lazily on the next `deliver`.
+
+pub mod amqp;
+pub mod exec;
+pub mod http;
+pub mod nats;
+pub mod stdout;
+
+use std::time::Duration;
+
+/// One outbox event, ready to publish.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Position in the outbox (creation order).
+    pub seq: i64,
+    /// The stable id consumers deduplicate on.
+    pub id: uuid::Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// The event type (AMQP routing key, NATS subject suffix).
+    pub event_type: String,
+    /// The published form, one JSON object on one line without a newline:
+    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`.
+    pub json: String,
+}
+
+/// Why an event was not delivered; see the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryError {
+    /// The sink refused this event: counts as an attempt.
+    Rejected(String),
+    /// The sink is unreachable: no attempt is counted; the relay backs off.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeliveryError::Rejected(m) | DeliveryError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
+/// A parsed `--sink` value.
+#[derive(Debug, Clone)]
+pub enum SinkSpec {
+    Stdout,
+    Exec(exec::Spec),
+    Http(http::Spec),
+    Amqp(amqp::Spec),
+    Nats(nats::Spec),
+}
+
+impl SinkSpec {
+    /// Parses `stdout`, `exec:COMMAND`, `amqp://…`, `amqps://…`, `nats://…`, `tls://…`,
+    /// `http://…` or `https://…`. The message never repeats a password.
+    pub fn parse(s: &str) -> Result<SinkSpec, String> {
+        let lower = s.to_ascii_lowercase();
+        if s == "stdout" || s == "-" {
+            Ok(SinkSpec::Stdout)
+        } else if let Some(cmd) = s.strip_prefix("exec:") {
+            exec::Spec::parse(cmd).map(SinkSpec::Exec)
+        } else if lower.starts_with("http://") || lower.starts_with("https://") {
+            http::Spec::parse(s).map(SinkSpec::Http)
+        } else if lower.starts_with("amqp://") || lower.starts_with("amqps://") {
+            amqp::Spec::parse(s).map(SinkSpec::Amqp)
+        } else if lower.starts_with("nats://") || lower.starts_with("tls://") {
+            nats::Spec::parse(s).map(SinkSpec::Nats)
+        } else {
+            Err(format!(
+                "unknown sink '{}' (expected stdout, exec:COMMAND, amqp://…, nats://… or http(s)://…)",
+                redact(s)
+            ))
+        }
+    }
+
+    /// How the sink is named in messages, without any password.
+    pub fn describe(&self) -> String {
+        match self {
+            SinkSpec::Stdout => "stdout".into(),
+            SinkSpec::Exec(s) => format!("exec:{}", s.command),
+            SinkSpec::Http(s) => redact(s.url.as_str()),
+            SinkSpec::Amqp(s) => s.describe(),
+            SinkSpec::Nats(s) => s.describe(),
+        }
+    }
+}
+
+/// Options every sink honours.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkOptions {
+    /// How long one delivery may take (HTTP response, broker confirm, command run).
+    pub timeout: Duration,
+}
+
+/// An open sink.
+pub enum Sink {
+    Stdout(stdout::Stdout),
+    Exec(exec::Exec),
+    Http(http::Http),
+    Amqp(amqp::Amqp),
+    Nats(nats::Nats),
+}
+
+impl Sink {
+    /// Opens the sink. An unreachable broker is not an error here: the connection is made
+    /// lazily by the first `deliver`, so a relay started before its broker just waits for it.
+    pub fn open(spec: &SinkSpec, opts: SinkOptions) -> anyhow::Result<Sink> {
+        Ok(match spec {
+            SinkSpec::Stdout => Sink::Stdout(stdout::Stdout::new()),
+            SinkSpec::Exec(s) => Sink::Exec(exec::Exec::new(s.clone(), opts)),
+            SinkSpec::Http(s) => Sink::Http(http::Http::new(s.clone(), opts)?),
+            SinkSpec::Amqp(s) => Sink::Amqp(amqp::Amqp::new(s.clone(), opts)),
+            SinkSpec::Nats(s) => Sink::Nats(nats::Nats::new(s.clone(), opts)),
+        })
+    }
+
+    /// Publishes one event and waits for the sink to confirm it. May be called concurrently
+    /// (for events of different aggregates) from the relay's single thread.
+    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+        match self {
+            Sink::Stdout(s) => s.deliver(event),
+            Sink::Exec(s) => s.deliver(event).await,
+            Sink::Http(s) => s.deliver(event).await,
+            Sink::Amqp(s) => s.deliver(event).await,
+            Sink::Nats(s) => s.deliver(event).await,
+        }
+    }
+
+    /// Completes the batch: everything `deliver` accepted is confirmed once this returns `Ok`.
+    /// Only stdout buffers; the others confirm each event inside `deliver`.
+    pub async fn flush(&self) -> Result<(), DeliveryError> {
+        match self {
+            Sink::Stdout(s) => s.flush(),
+            _ => Ok(()),
+        }
+    }
+
+    /// How many aggregates may be in flight at once within a batch.
+    pub fn parallelism(&self) -> usize {
+        match self {
+            Sink::Stdout(_) => 1,
+            Sink::Exec(_) => 4,
+            Sink::Http(_) | Sink::Amqp(_) | Sink::Nats(_) => 64,
+        }
+    }
+}
+
+/// Replaces the password in `scheme://user:password@host…` with `***`.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &url[scheme_end + 3 + at..]
+        ),
+        _ => url.to_owned(),
+    }
+}
+
+/// Splits `?a=1&b=2` off a URL: the URL without the keys in `ours`, and their values.
+/// Used by the broker sinks, whose own options (`exchange`, `subject`, `stream`) are not part
+/// of the broker's URL.
+pub fn take_query_params(url: &str, ours: &[&str]) -> (String, Vec<(String, String)>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), Vec::new());
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let mut kept = Vec::new();
+    let mut taken = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if ours.contains(&k) {
+            taken.push((k.to_owned(), percent_decode(v)));
+        } else {
+            kept.push(pair);
+        }
+    }
+    let mut out = base.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    (out, taken)
+}
+
+/// Decodes `%XX` escapes (and `+` as a space is *not* applied: these are URL paths and values).
+pub fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact("amqp://guest:secret@host:5672/%2f?exchange=x"),
+            "amqp://guest:***@host:5672/%2f?exchange=x"
+        );
+        assert_eq!(redact("nats://host:4222"), "nats://host:4222");
+        assert_eq!(redact("https://u@h/p:q@r"), "https://u@h/p:q@r");
+    }
+
+    #[test]
+    fn takes_only_our_query_parameters() {
+        let (url, ours) = take_query_params(
+            "amqp://h/%2f?heartbeat=10&exchange=ev%2Ets&x=1",
+            &["exchange"],
+        );
+        assert_eq!(url, "amqp://h/%2f?heartbeat=10&x=1");
+        assert_eq!(ours, vec![("exchange".to_owned(), "ev.ts".to_owned())]);
+        let (url, ours) = take_query_params("nats://h:4222?subject=a", &["subject"]);
+        assert_eq!(url, "nats://h:4222");
+        assert_eq!(ours.len(), 1);
+    }
+
+    #[test]
+    fn unknown_sinks_are_refused_without_the_password() {
+        let e = SinkSpec::parse("kafka://u:pw@h").unwrap_err();
+        assert!(e.contains("unknown sink") && !e.contains("pw"), "{e}");
+        assert!(matches!(SinkSpec::parse("stdout"), Ok(SinkSpec::Stdout)));
+    }
+}

@@ -1,0 +1,42 @@
+//! `--sink stdout`: one JSON object per line, for pipes and tests.
+//!
+//! Events are buffered for the batch and written with one `write` + flush at its end; a failed
+//! write (a closed pipe, a full disk) fails the whole batch, which then stays in the outbox.
+
+use std::cell::RefCell;
+use std::io::Write;
+
+use super::{DeliveryError, Event};
+
+pub struct Stdout {
+    buffer: RefCell<Vec<u8>>,
+}
+
+impl Stdout {
+    pub fn new() -> Stdout {
+        Stdout {
+            buffer: RefCell::new(Vec::with_capacity(64 * 1024)),
+        }
+    }
+
+    pub fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+        let mut buf = self.buffer.borrow_mut();
+        buf.extend_from_slice(event.json.as_bytes());
+        buf.push(b'\n');
+        Ok(())
+    }
+
+    pub fn flush(&self) -> Result<(), DeliveryError> {
+        let mut buf = self.buffer.borrow_mut();
+        let mut out = std::io::stdout().lock();
+        let written = out.write_all(&buf).and_then(|_| out.flush());
+        buf.clear();
+        written.map_err(|e| DeliveryError::Unavailable(format!("cannot write to stdout: {e}")))
+    }
+}
+
+impl Default for Stdout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
