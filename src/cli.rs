@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::sink::SinkSpec;
 use crate::config::{
     parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
 };
@@ -21,6 +22,7 @@ Examples:
   leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token
   leasectl status
   leasectl runs --target nightly-report --limit 5
+  leasectl relay --sink amqp://guest:guest@localhost/%2f
 
 Connection: --database-url, else DATABASE_URL, else PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE/
 PGSSLMODE, else the local socket as the current user (what `psql` alone would reach).
@@ -87,6 +89,15 @@ pub enum Command {
         after_help = "The holder notices at its next heartbeat, stops its command and exits 76.\n\nExample:\n  leasectl release --target nightly-report --force"
     )]
     Release(ReleaseArgs),
+    /// Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout
+    #[command(after_help = RELAY_HELP)]
+    Relay(RelayArgs),
+    /// Inspect and repair undelivered outbox events
+    #[command(subcommand, after_help = OUTBOX_HELP)]
+    Outbox(OutboxCommand),
+    /// Delete runs older than a given age (each target keeps its newest run)
+    #[command(after_help = PRUNE_HELP)]
+    Prune(PruneArgs),
     /// Apply pending schema migrations (every command also does this itself)
     #[command(after_help = "Example:\n  leasectl --database-url postgres://app@db/app migrate")]
     Migrate,
@@ -166,6 +177,135 @@ pub struct RunArgs {
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+const RELAY_HELP: &str = "\
+Publishes pending outbox events — leasectl's own and those applications insert in their own
+transactions — at least once, in creation order per aggregate, then deletes them. Several relays
+may run at once. A refused event is retried with backoff (1s doubling to 5m) and is dead after
+--max-attempts; only later events of its own aggregate wait for it. An unreachable sink costs no
+attempts: the relay backs off and tries again.
+
+Sinks:
+  stdout                         one JSON object per line
+  exec:COMMAND                   sh -c COMMAND per event, event JSON on stdin; exit 0 = delivered
+  amqp://user:pw@host/vhost[?exchange=NAME]
+                                 RabbitMQ topic exchange (default leasectl), routing key = type,
+                                 persistent, mandatory, publisher confirms
+  nats://host:4222[?subject=PREFIX&stream=NAME]
+                                 JetStream PREFIX.TYPE (default leasectl, stream LEASECTL),
+                                 Nats-Msg-Id = event id
+  http(s)://host/path            POST with Idempotency-Key = event id; 2xx = delivered
+
+Examples:
+  leasectl relay --sink amqp://guest:guest@localhost/%2f
+  leasectl relay --sink nats://localhost:4222?subject=orders
+  leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
+  leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
+
+Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 2 usage;
+69 database unreachable, or the sink unreachable with --once (or stdout closed); 70 internal.";
+
+const OUTBOX_HELP: &str = "\
+Examples:
+  leasectl outbox list
+  leasectl outbox list --dead --json
+  leasectl outbox retry 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11
+  leasectl outbox retry --all-dead
+  leasectl outbox discard 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11 > discarded.json";
+
+const PRUNE_HELP: &str = "\
+Delivered events are deleted by the relay as it goes, so the outbox needs no pruning; dead
+events stay until `outbox retry` or `outbox discard`.
+
+Examples:
+  leasectl prune --older-than 30d
+  leasectl prune --older-than 7d --dry-run";
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…
+    #[arg(long, value_parser = SinkSpec::parse, value_name = "SINK")]
+    pub sink: SinkSpec,
+    /// Events claimed per transaction
+    #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub batch: i64,
+    /// Deliver what is due now, then exit (for cron); events waiting out a retry are left
+    #[arg(long)]
+    pub once: bool,
+    /// Fallback poll interval; new events wake the relay at once through NOTIFY
+    #[arg(long, value_parser = parse_poll, default_value = "5s", value_name = "DUR")]
+    pub poll: Duration,
+    /// Refusals before an event is dead (retries back off 1s, 2s, 4s … up to 5m)
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+    /// How long one delivery may take: HTTP response, broker confirm, command run
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DUR")]
+    pub timeout: Duration,
+    /// Aggregates published at once within a batch [default: 64; exec: 4; stdout: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub parallel: Option<u16>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List undelivered events, oldest first, with their state and last error
+    List(OutboxListArgs),
+    /// Make an event (or every dead one) due now, with a fresh attempt budget
+    Retry(OutboxRetryArgs),
+    /// Delete a dead event, printing it as JSON on stdout so it is not lost
+    Discard(OutboxDiscardArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OutboxListArgs {
+    /// Only dead events
+    #[arg(long)]
+    pub dead: bool,
+    /// At most N events
+    #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(i64).range(1..))]
+    pub limit: i64,
+    /// One JSON document instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct OutboxRetryArgs {
+    /// The event's id
+    #[arg(value_name = "ID", required_unless_present = "all_dead", conflicts_with = "all_dead")]
+    pub id: Option<uuid::Uuid>,
+    /// Every dead event
+    #[arg(long)]
+    pub all_dead: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct OutboxDiscardArgs {
+    /// The event's id
+    #[arg(value_name = "ID")]
+    pub id: uuid::Uuid,
+    /// Discard it even though it is not dead (it is then never published)
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Delete runs that finished more than DUR ago
+    #[arg(long, value_parser = parse_duration, value_name = "DUR", required = true)]
+    pub older_than: Duration,
+    /// Only count what would be deleted
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn parse_poll(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(10) {
+        return Err(format!("'{s}' is too short for a poll interval (at least 10ms)"));
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Args)]

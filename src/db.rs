@@ -30,8 +30,10 @@ const SET_STATEMENT_TIMEOUT: &str = "SET statement_timeout = '30s'";
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
 /// The migrations embedded in the binary, in order. The version is the file's number.
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/0001_init.sql")),
+    (2, "relay", include_str!("../migrations/0002_relay.sql")),
+];
 
 /// The newest schema version this binary knows.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;

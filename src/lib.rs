@@ -26,6 +26,8 @@ pub mod heartbeat;
 pub mod lease;
 #[macro_use]
 pub mod log;
+pub mod outbox;
+pub mod relay;
 pub mod signals;
 pub mod sink;
 pub mod supervise;

@@ -2,7 +2,10 @@
 
 pub mod completions;
 pub mod migrate;
+pub mod outbox;
 pub mod output;
+pub mod prune;
+pub mod relay;
 pub mod release;
 pub mod run;
 pub mod runs;
@@ -23,6 +26,9 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Runs(a) => runs::run(db, a).await,
         Command::Output(a) => output::run(db, a).await,
         Command::Release(a) => release::run(db, a).await,
+        Command::Relay(a) => relay::run(db, a).await,
+        Command::Outbox(a) => outbox::run(db, a).await,
+        Command::Prune(a) => prune::run(db, a).await,
         Command::Migrate => migrate::run(db).await,
         Command::Completions(a) => completions::run(a),
     }

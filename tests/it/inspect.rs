@@ -171,14 +171,42 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
         assert_eq!(code(&o), 0, "{}", stderr(&o));
     }
     assert_eq!(
-        env.scalar("SELECT string_agg(version::text, ',') FROM schema_migrations"),
-        "1"
+        env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
+        "1,2"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 1\n", env.schema)
+        format!("schema \"{}\" is at version 2\n", env.schema)
     );
+}
+
+#[test]
+fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["run", "--target", "old", "--", "true"])), 0);
+    // Put the schema back to what a version-1 leasectl left behind.
+    env.sql(
+        "DELETE FROM schema_migrations WHERE version = 2;
+         DROP INDEX outbox_failed; DROP INDEX runs_finished;
+         ALTER TABLE outbox RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+                                   autovacuum_vacuum_cost_delay);",
+    );
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
+        "1,2"
+    );
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = '{}' AND indexname = 'outbox_failed'",
+            env.schema
+        )),
+        "1"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
 
 #[test]

@@ -1,0 +1,21 @@
+//! `leasectl relay --sink SINK`: see [`crate::relay`].
+
+use anyhow::Result;
+
+use crate::cli::{DbArgs, RelayArgs};
+use crate::exit::Exit;
+use crate::relay::{self, RelayConfig};
+
+pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
+    let cfg = RelayConfig {
+        sink: args.sink,
+        batch: args.batch,
+        once: args.once,
+        poll: args.poll,
+        max_attempts: args.max_attempts,
+        timeout: args.timeout,
+        parallel: args.parallel.map(usize::from),
+    };
+    let db = super::connect(db).await?;
+    relay::run(db, cfg).await
+}
