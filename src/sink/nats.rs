@@ -191,7 +191,8 @@ pub struct Nats {
 
 #[derive(Default)]
 struct State {
-    client: Option<(Client, jetstream::Context)>,
+    /// Boxed: a connected client is large, and the sink lives in an enum of sinks.
+    client: Option<Box<(Client, jetstream::Context)>>,
     stream_ready: bool,
     last_error: String,
 }
@@ -257,8 +258,8 @@ impl Nats {
     async fn ready(&self) -> Result<(Client, jetstream::Context), DeliveryError> {
         let failures_seen = self.failures.load(Ordering::Relaxed);
         let mut state = self.state.lock().await;
-        if let (Some((client, js)), true) = (&state.client, state.stream_ready) {
-            return Ok((client.clone(), js.clone()));
+        if let (Some(ready), true) = (&state.client, state.stream_ready) {
+            return Ok((ready.0.clone(), ready.1.clone()));
         }
         if self.failures.load(Ordering::Relaxed) != failures_seen {
             // An attempt failed while we waited for the lock: share its verdict.
@@ -296,10 +297,10 @@ impl Nats {
             let js = jetstream::ContextBuilder::new()
                 .timeout(self.opts.timeout)
                 .build(client.clone());
-            state.client = Some((client, js));
+            state.client = Some(Box::new((client, js)));
             state.stream_ready = false;
         }
-        let (client, js) = state.client.clone().expect("connected above");
+        let (client, js) = *state.client.clone().expect("connected above");
         self.ensure_stream(&js).await?;
         state.stream_ready = true;
         Ok((client, js))
