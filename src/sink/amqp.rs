@@ -35,8 +35,9 @@
 //!
 //! | what happened | result |
 //! |---|---|
-//! | connection refused, lost, or timed out; channel closed by the broker; exchange declaration refused | `Unavailable` (the broken connection is dropped; the next delivery reconnects) |
+//! | connection refused, lost, or timed out; channel closed by the broker for any other reason (say, the exchange was deleted); exchange declaration refused | `Unavailable` (the broken connection is dropped; the next delivery reconnects and redeclares) |
 //! | broker nack | `Rejected` |
+//! | broker closed the channel refusing the message (PRECONDITION_FAILED, e.g. larger than its `max_message_size`) | `Rejected` |
 //! | message returned as unroutable (no queue bound for its routing key) | `Rejected`, although the broker acks it after returning it |
 //! | no confirm within `--timeout` | `Rejected` — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
@@ -46,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{
@@ -222,14 +224,15 @@ impl Amqp {
         let (channel, confirm) = match published {
             Ok(Ok(done)) => done,
             Ok(Err(e)) => {
-                // The channel or the connection is gone (a channel error closes the channel:
-                // say, the exchange was deleted). Start afresh — and redeclare — next time.
+                // The channel (a channel error closes it) or the connection is gone. Start
+                // afresh — and redeclare the exchange — next time.
                 self.forget(&link).await;
-                return Err(DeliveryError::Unavailable(format!(
-                    "{}: {}",
-                    self.spec.describe(),
-                    lapin_message(&e)
-                )));
+                let message = format!("{}: {}", self.spec.describe(), lapin_message(&e));
+                return Err(if refuses_the_message(&e) {
+                    DeliveryError::Rejected(message)
+                } else {
+                    DeliveryError::Unavailable(message)
+                });
             }
             Err(_elapsed) => {
                 // The channel that timed out is dropped (closed) here, never reused.
@@ -441,6 +444,19 @@ fn properties(event: &Event, routing_key: &ShortString) -> BasicProperties {
         .with_headers(headers)
 }
 
+/// Whether a failed publication was the broker refusing *this message* by closing the channel
+/// with PRECONDITION_FAILED (e.g. larger than its `max_message_size`) — an event-specific
+/// refusal that must cost an attempt, or the event would stall the relay forever — rather than
+/// the broker or its topology being unusable (connection lost, NOT_FOUND for a deleted
+/// exchange, ACCESS_REFUSED, …).
+fn refuses_the_message(e: &lapin::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::ProtocolError(amqp)
+            if *amqp.kind() == AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)
+    )
+}
+
 /// A lapin error as one line: the broker's own reply text for protocol errors (it names the
 /// exchange and the cause, e.g. "PRECONDITION_FAILED - inequivalent arg 'type' …").
 fn lapin_message(e: &lapin::Error) -> String {
@@ -454,6 +470,7 @@ fn lapin_message(e: &lapin::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lapin::protocol::AMQPError;
 
     #[test]
     fn defaults_and_custom_exchange() {
@@ -494,6 +511,27 @@ mod tests {
             assert!(!e.contains("s3cret") && !e.contains('\n'), "{bad}: {e}");
             assert!(e.contains("AMQP URL"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn only_a_refused_message_costs_an_attempt() {
+        let closed = |kind: AMQPSoftError, text: &str| -> lapin::Error {
+            ErrorKind::ProtocolError(AMQPError::new(AMQPErrorKind::Soft(kind), text.into())).into()
+        };
+        let too_big = closed(
+            AMQPSoftError::PRECONDITIONFAILED,
+            "PRECONDITION_FAILED - message size 200 is larger than configured max size 100",
+        );
+        assert!(refuses_the_message(&too_big));
+        assert_eq!(
+            lapin_message(&too_big),
+            "PRECONDITION_FAILED - message size 200 is larger than configured max size 100"
+        );
+        let gone = closed(AMQPSoftError::NOTFOUND, "NOT_FOUND - no exchange 'x'");
+        assert!(!refuses_the_message(&gone));
+        let refused: lapin::Error =
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+        assert!(!refuses_the_message(&refused));
     }
 
     #[test]
