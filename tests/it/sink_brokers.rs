@@ -192,13 +192,8 @@ fn amqp_sink(exchange: &str) -> Amqp {
     Amqp::new(spec, opts())
 }
 
-/// Declares `exchange` as the sink would and an exclusive queue bound to it with `binding`;
-/// returns a consumer of that queue.
-async fn bound_consumer(
-    channel: &lapin::Channel,
-    exchange: &str,
-    binding: &str,
-) -> lapin::Consumer {
+/// Declares `exchange` as the sink would: a durable topic exchange.
+async fn declare_exchange(channel: &lapin::Channel, exchange: &str) {
     channel
         .exchange_declare(
             exchange.into(),
@@ -211,6 +206,16 @@ async fn bound_consumer(
         )
         .await
         .unwrap();
+}
+
+/// Declares `exchange` as the sink would and an exclusive queue bound to it with `binding`;
+/// returns a consumer of that queue.
+async fn bound_consumer(
+    channel: &lapin::Channel,
+    exchange: &str,
+    binding: &str,
+) -> lapin::Consumer {
+    declare_exchange(channel, exchange).await;
     let queue = channel
         .queue_declare(
             "".into(),
@@ -357,6 +362,50 @@ fn amqp_unroutable_events_are_rejected_even_among_routable_ones() {
                 .unwrap()
                 .unwrap();
             assert_eq!(d.routing_key.as_str(), "routed.x");
+        }
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_a_nack_is_rejected() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let sink = amqp_sink(&exchange);
+        // A queue that holds one message and refuses more: RabbitMQ nacks the publication.
+        declare_exchange(&channel, &exchange).await;
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                args,
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.name().clone(),
+                exchange.as_str().into(),
+                "order.*".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        match sink.deliver(&event("a", 1, "order.paid")).await {
+            Err(DeliveryError::Rejected(m)) => assert!(m.contains("nack"), "{m}"),
+            other => panic!("expected Rejected, got {other:?}"),
         }
         delete_exchange(&channel, &exchange).await;
     });
@@ -747,5 +796,31 @@ fn nats_lost_connection_is_unavailable_then_recovers() {
         );
         proxy.cut().await;
         js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_an_error_ack_is_rejected() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let theirs = unique("THEIRS_");
+        let js = jetstream().await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: theirs.clone(),
+            subjects: vec![format!("{subject}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            max_messages: 1,
+            discard: async_nats::jetstream::stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let sink = nats_sink(&subject, "UNUSED");
+        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        match sink.deliver(&event("a", 1, "order.paid")).await {
+            Err(DeliveryError::Rejected(m)) => assert!(m.contains("maximum messages"), "{m}"),
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+        js.delete_stream(&theirs).await.unwrap();
     });
 }
