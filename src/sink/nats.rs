@@ -228,7 +228,7 @@ impl Nats {
         .await;
 
         let why = match acked {
-            // A duplicate: the stream already holds this event.
+            // Stored — or a duplicate (`ack.duplicate`): the stream already holds it either way.
             Ok(Ok(_ack)) => return Ok(()),
             Ok(Err(e)) if e.kind() == PublishErrorKind::StreamNotFound => {
                 self.state.lock().await.stream_ready = false;
