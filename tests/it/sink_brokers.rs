@@ -1,0 +1,826 @@
+//! The broker sinks against a real RabbitMQ and a real NATS JetStream server, no mocks.
+//!
+//! The brokers come from `LEASECTL_TEST_AMQP_URL` (default
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`) and `LEASECTL_TEST_NATS_URL` (default
+//! `nats://127.0.0.1:4222`, JetStream enabled). Every test uses exchanges, queues, subjects and
+//! streams of its own (uuid-named), so tests run in parallel, and deletes what it created.
+//! Results are checked with a consumer of our own (AMQP) or by reading the stream (NATS); the
+//! sinks are driven on a current-thread runtime, as the relay drives them.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use leasectl::sink::amqp::{self, Amqp};
+use leasectl::sink::nats::{self, Nats};
+use leasectl::sink::{DeliveryError, Event, Sink, SinkOptions, SinkSpec};
+
+use crate::common::PATIENCE;
+
+fn amqp_url() -> String {
+    std::env::var("LEASECTL_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+fn nats_url() -> String {
+    std::env::var("LEASECTL_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// Runs `f` on a current-thread runtime, like the relay.
+fn run<F: Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// A name no other test (or run) uses: `prefix` plus 12 hex digits.
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+fn opts() -> SinkOptions {
+    SinkOptions {
+        timeout: Duration::from_secs(10),
+    }
+}
+
+/// Event number `n` of aggregate `aggregate`, of type `event_type`.
+fn event(aggregate: &str, n: i64, event_type: &str) -> Event {
+    let id = uuid::Uuid::new_v4();
+    let json = serde_json::json!({
+        "id": id.to_string(),
+        "aggregate_type": "order",
+        "aggregate_id": aggregate,
+        "type": event_type,
+        "payload": {"n": n},
+        "created_at": "2024-01-01T00:00:00.000000Z",
+    });
+    Event {
+        seq: n,
+        id,
+        aggregate_type: "order".to_owned(),
+        aggregate_id: aggregate.to_owned(),
+        event_type: event_type.to_owned(),
+        json: json.to_string(),
+    }
+}
+
+/// Events `0..count` of `aggregate`, cycling through a few `prefix.*` types.
+fn history(aggregate: &str, count: i64, prefix: &str) -> Vec<Event> {
+    let types = ["created", "paid", "shipped"];
+    (0..count)
+        .map(|n| event(aggregate, n, &format!("{prefix}.{}", types[n as usize % 3])))
+        .collect()
+}
+
+/// Delivers each history in order, the histories concurrently (as the relay does for several
+/// aggregates), and returns every result.
+async fn deliver_histories<'a, F, Fut>(histories: &'a [Vec<Event>], deliver: F)
+where
+    F: Fn(&'a Event) -> Fut,
+    Fut: Future<Output = Result<(), DeliveryError>>,
+{
+    let deliver = &deliver;
+    join_all(histories.iter().map(|h| async move {
+        for e in h {
+            if let Err(err) = deliver(e).await {
+                panic!("event {} of {}: {err:?}", e.seq, e.aggregate_id);
+            }
+        }
+    }))
+    .await;
+}
+
+/// A TCP proxy to a broker that the test can cut (every connection closed, nothing listening,
+/// so reconnecting is refused) and restore on the same port: a broker outage, as the sink sees
+/// one.
+struct Proxy {
+    port: u16,
+    target: std::net::SocketAddr,
+    serving: std::cell::RefCell<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Proxy {
+    async fn start(target: &str) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy {
+            port: listener.local_addr().unwrap().port(),
+            target: target.parse().unwrap(),
+            serving: Default::default(),
+        };
+        proxy.serve(listener);
+        proxy
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let target = self.target;
+        let task = tokio::spawn(async move {
+            // Dropped with this task when it is aborted: that closes every proxied connection.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        *self.serving.borrow_mut() = Some(task);
+    }
+
+    async fn cut(&self) {
+        let serving = self.serving.borrow_mut().take();
+        if let Some(task) = serving {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    async fn restore(&self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        self.serve(listener);
+    }
+}
+
+/// Delivers `e` until it is delivered, within [`PATIENCE`]; every failure before must be
+/// `Unavailable` (an outage must not cost the event attempts).
+async fn deliver_once_back<F, Fut>(e: &Event, deliver: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), DeliveryError>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match deliver().await {
+            Ok(()) => return,
+            Err(DeliveryError::Unavailable(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(err) => panic!("event {} after the outage: {err:?}", e.seq),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AMQP
+
+/// The test's own connection and channel to RabbitMQ, for declaring and consuming.
+async fn rabbit() -> (Connection, lapin::Channel) {
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .expect("cannot reach RabbitMQ for tests (LEASECTL_TEST_AMQP_URL)");
+    let channel = conn.create_channel().await.unwrap();
+    (conn, channel)
+}
+
+fn amqp_sink(exchange: &str) -> Amqp {
+    let spec = amqp::Spec::parse(&format!("{}?exchange={exchange}", amqp_url())).unwrap();
+    Amqp::new(spec, opts())
+}
+
+/// Declares `exchange` as the sink would: a durable topic exchange.
+async fn declare_exchange(channel: &lapin::Channel, exchange: &str) {
+    channel
+        .exchange_declare(
+            exchange.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Declares `exchange` as the sink would and an exclusive queue bound to it with `binding`;
+/// returns a consumer of that queue.
+async fn bound_consumer(
+    channel: &lapin::Channel,
+    exchange: &str,
+    binding: &str,
+) -> lapin::Consumer {
+    declare_exchange(channel, exchange).await;
+    let queue = channel
+        .queue_declare(
+            "".into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.name().clone(),
+            exchange.into(),
+            binding.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .basic_consume(
+            queue.name().clone(),
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
+async fn delete_exchange(channel: &lapin::Channel, exchange: &str) {
+    channel
+        .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
+        .await
+        .unwrap();
+}
+
+fn header(d: &lapin::message::Delivery, key: &str) -> Option<String> {
+    match d.properties.headers().as_ref()?.inner().get(key)? {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        other => Some(format!("{other:?}")),
+    }
+}
+
+#[test]
+fn amqp_delivers_every_event_persistent_with_its_id_in_order() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "order.*").await;
+        let sink = amqp_sink(&exchange);
+        let histories = vec![history("a", 15, "order"), history("b", 15, "order")];
+        deliver_histories(&histories, |e| sink.deliver(e)).await;
+
+        let mut seen = Vec::new();
+        while seen.len() < 30 {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a published event never reached the queue")
+                .expect("consumer ended")
+                .unwrap();
+            seen.push(d);
+        }
+        for h in &histories {
+            let got: Vec<_> = seen
+                .iter()
+                .filter(|d| header(d, "aggregate_id").as_deref() == Some(&h[0].aggregate_id))
+                .collect();
+            assert_eq!(got.len(), h.len(), "aggregate {}", h[0].aggregate_id);
+            for (d, e) in got.iter().zip(h) {
+                let p = &d.properties;
+                assert_eq!(
+                    p.message_id().as_ref().map(|s| s.as_str()),
+                    Some(e.id.to_string().as_str()),
+                    "in order within the aggregate"
+                );
+                assert_eq!(d.exchange.as_str(), exchange);
+                assert_eq!(d.routing_key.as_str(), e.event_type);
+                assert_eq!(*p.delivery_mode(), Some(2), "persistent");
+                assert_eq!(
+                    p.kind().as_ref().map(|s| s.as_str()),
+                    Some(e.event_type.as_str())
+                );
+                assert_eq!(
+                    p.content_type().as_ref().map(|s| s.as_str()),
+                    Some("application/json")
+                );
+                assert_eq!(p.app_id().as_ref().map(|s| s.as_str()), Some("leasectl"));
+                assert_eq!(header(d, "aggregate_type").as_deref(), Some("order"));
+                assert_eq!(std::str::from_utf8(&d.data).unwrap(), e.json);
+            }
+        }
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_unroutable_events_are_rejected_even_among_routable_ones() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        // Nothing bound yet: the sink declares the exchange itself, and the event is returned.
+        let sink = amqp_sink(&exchange);
+        let lonely = event("a", 0, "nobody.listens");
+        match sink.deliver(&lonely).await {
+            Err(DeliveryError::Rejected(m)) => {
+                assert!(m.contains("unroutable"), "{m}");
+                assert!(m.contains(&exchange) && m.contains("nobody.listens"), "{m}");
+            }
+            other => panic!("an unroutable event must be rejected, got {other:?}"),
+        }
+
+        // Many in flight at once, routable and not: each is judged on its own (a return must
+        // never be pinned on another event).
+        let mut consumer = bound_consumer(&channel, &exchange, "routed.*").await;
+        let events: Vec<Event> = (0..40)
+            .map(|n| {
+                let t = if n % 2 == 0 { "routed.x" } else { "dropped.x" };
+                event(&format!("agg{n}"), n, t)
+            })
+            .collect();
+        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        for (e, r) in events.iter().zip(&results) {
+            if e.event_type.starts_with("routed") {
+                assert_eq!(r, &Ok(()), "event {}", e.seq);
+            } else {
+                assert!(
+                    matches!(r, Err(DeliveryError::Rejected(m)) if m.contains("unroutable")),
+                    "event {}: {r:?}",
+                    e.seq
+                );
+            }
+        }
+        for _ in 0..20 {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a routed event never reached the queue")
+                .unwrap()
+                .unwrap();
+            assert_eq!(d.routing_key.as_str(), "routed.x");
+        }
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_a_nack_is_rejected() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let sink = amqp_sink(&exchange);
+        // A queue that holds one message and refuses more: RabbitMQ nacks the publication.
+        declare_exchange(&channel, &exchange).await;
+        let mut args = FieldTable::default();
+        args.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        args.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                args,
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                queue.name().clone(),
+                exchange.as_str().into(),
+                "order.*".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        match sink.deliver(&event("a", 1, "order.paid")).await {
+            Err(DeliveryError::Rejected(m)) => assert!(m.contains("nack"), "{m}"),
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_unreachable_broker_is_unavailable_quickly_without_the_password() {
+    run(async {
+        let spec = amqp::Spec::parse("amqp://guest:s3cret@127.0.0.1:1/%2f?exchange=x").unwrap();
+        let sink = Amqp::new(
+            spec,
+            SinkOptions {
+                timeout: Duration::from_secs(30),
+            },
+        );
+        let start = Instant::now();
+        let events = history("a", 10, "order");
+        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        for r in results {
+            match r {
+                Err(DeliveryError::Unavailable(m)) => {
+                    assert!(m.contains("127.0.0.1:1") && !m.contains("s3cret"), "{m}")
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn amqp_exchange_of_another_type_is_reported_by_name() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        channel
+            .exchange_declare(
+                exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let sink = amqp_sink(&exchange);
+        for _ in 0..2 {
+            match sink.deliver(&event("a", 0, "order.created")).await {
+                Err(DeliveryError::Unavailable(m)) => {
+                    assert!(m.contains(&format!("exchange '{exchange}'")), "{m}");
+                    assert!(m.contains("fanout"), "the broker's reason: {m}");
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_recovers_when_its_exchange_is_deleted_under_it() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "#").await;
+        // Through the relay's entry points this time.
+        let spec = SinkSpec::parse(&format!("{}?exchange={exchange}", amqp_url())).unwrap();
+        let sink = Sink::open(&spec, opts()).unwrap();
+        let first = event("a", 0, "order.created");
+        sink.deliver(&first).await.unwrap();
+        let d = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("the first event never arrived")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d.properties.message_id().as_ref().unwrap().as_str(),
+            first.id.to_string()
+        );
+
+        delete_exchange(&channel, &exchange).await;
+        // Publishing to a missing exchange closes the channel: unavailable, not a rejection.
+        let second = event("a", 1, "order.paid");
+        match sink.deliver(&second).await {
+            Err(DeliveryError::Unavailable(m)) => assert!(m.contains("NOT_FOUND"), "{m}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        // The next delivery reconnects and declares the exchange again — which has lost its
+        // binding, so the event is returned rather than refused for a missing exchange.
+        match sink.deliver(&second).await {
+            Err(DeliveryError::Rejected(m)) => assert!(m.contains("unroutable"), "{m}"),
+            other => panic!("expected the exchange redeclared, got {other:?}"),
+        }
+        let mut consumer = bound_consumer(&channel, &exchange, "#").await;
+        sink.deliver(&second).await.unwrap();
+        let d = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("the event after the reconnection never arrived")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d.properties.message_id().as_ref().unwrap().as_str(),
+            second.id.to_string()
+        );
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
+fn amqp_lost_connection_is_unavailable_then_reconnects() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "#").await;
+        let proxy = Proxy::start("127.0.0.1:5672").await;
+        let spec = amqp::Spec::parse(&format!(
+            "amqp://guest:guest@127.0.0.1:{}/%2f?exchange={exchange}",
+            proxy.port
+        ))
+        .unwrap();
+        let sink = Amqp::new(spec, opts());
+        let events = history("a", 3, "order");
+        sink.deliver(&events[0]).await.unwrap();
+
+        proxy.cut().await;
+        for e in &events[1..] {
+            match sink.deliver(e).await {
+                Err(DeliveryError::Unavailable(_)) => {}
+                other => panic!("during the outage: {other:?}"),
+            }
+        }
+        proxy.restore().await;
+        for e in &events[1..] {
+            deliver_once_back(e, || sink.deliver(e)).await;
+        }
+        for e in &events {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("an event never arrived")
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                d.properties.message_id().as_ref().unwrap().as_str(),
+                e.id.to_string()
+            );
+        }
+        proxy.cut().await;
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// NATS
+
+async fn jetstream() -> async_nats::jetstream::Context {
+    let client = async_nats::connect(nats_url())
+        .await
+        .expect("cannot reach NATS for tests (LEASECTL_TEST_NATS_URL)");
+    async_nats::jetstream::new(client)
+}
+
+fn nats_sink(subject: &str, stream: &str) -> Nats {
+    let spec =
+        nats::Spec::parse(&format!("{}?subject={subject}&stream={stream}", nats_url())).unwrap();
+    Nats::new(spec, opts())
+}
+
+/// Every message of `stream`, in stream order.
+async fn stream_messages(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+) -> Vec<async_nats::jetstream::message::StreamMessage> {
+    let mut s = js.get_stream(stream).await.unwrap();
+    let state = s.info().await.unwrap().state.clone();
+    let mut out = Vec::new();
+    for seq in state.first_sequence..=state.last_sequence {
+        if state.messages == 0 {
+            break;
+        }
+        out.push(s.get_raw_message(seq).await.unwrap());
+    }
+    assert_eq!(out.len() as u64, state.messages);
+    out
+}
+
+fn msg_id(m: &async_nats::jetstream::message::StreamMessage) -> String {
+    m.headers
+        .get("Nats-Msg-Id")
+        .map(|v| v.as_str().to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn nats_creates_the_stream_and_stores_every_event_once_in_order() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let stream = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        assert!(js.get_stream(&stream).await.is_err(), "fresh name");
+        let sink = nats_sink(&subject, &stream);
+        let histories = vec![history("a", 15, "order"), history("b", 15, "order")];
+        deliver_histories(&histories, |e| sink.deliver(e)).await;
+
+        let mut s = js
+            .get_stream(&stream)
+            .await
+            .expect("the sink creates the stream");
+        let config = s.info().await.unwrap().config.clone();
+        assert_eq!(config.subjects, vec![format!("{subject}.>")]);
+        assert_eq!(
+            config.storage,
+            async_nats::jetstream::stream::StorageType::File
+        );
+
+        let messages = stream_messages(&js, &stream).await;
+        assert_eq!(messages.len(), 30);
+        for h in &histories {
+            let got: Vec<_> = messages
+                .iter()
+                .filter(|m| {
+                    let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+                    v["aggregate_id"] == h[0].aggregate_id.as_str()
+                })
+                .collect();
+            assert_eq!(got.len(), h.len());
+            for (m, e) in got.iter().zip(h) {
+                assert_eq!(msg_id(m), e.id.to_string(), "in order within the aggregate");
+                assert_eq!(m.subject.as_str(), format!("{subject}.{}", e.event_type));
+                assert_eq!(std::str::from_utf8(&m.payload).unwrap(), e.json);
+            }
+        }
+        js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_the_same_event_twice_is_stored_once() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let stream = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        let sink = nats_sink(&subject, &stream);
+        let e = event("a", 0, "order.created");
+        sink.deliver(&e).await.unwrap();
+        sink.deliver(&e)
+            .await
+            .expect("a duplicate counts as delivered");
+        let other = event("a", 1, "order.paid");
+        sink.deliver(&other).await.unwrap();
+        let ids: Vec<_> = stream_messages(&js, &stream)
+            .await
+            .iter()
+            .map(msg_id)
+            .collect();
+        assert_eq!(ids, vec![e.id.to_string(), other.id.to_string()]);
+        js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_unreachable_server_is_unavailable_without_secrets() {
+    run(async {
+        let spec = nats::Spec::parse("nats://u:s3cret@127.0.0.1:1").unwrap();
+        let sink = Nats::new(
+            spec,
+            SinkOptions {
+                timeout: Duration::from_secs(30),
+            },
+        );
+        let start = Instant::now();
+        let events = history("a", 10, "order");
+        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        for r in results {
+            match r {
+                Err(DeliveryError::Unavailable(m)) => {
+                    assert!(m.contains("127.0.0.1:1") && !m.contains("s3cret"), "{m}")
+                }
+                other => panic!("expected Unavailable, got {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn nats_uses_an_existing_stream_that_captures_the_prefix() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let theirs = unique("THEIRS_");
+        let ours = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: theirs.clone(),
+            subjects: vec![format!("{subject}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let sink = nats_sink(&subject, &ours);
+        let e = event("a", 0, "order.created");
+        sink.deliver(&e).await.unwrap();
+        assert!(js.get_stream(&ours).await.is_err(), "no second stream");
+        let ids: Vec<_> = stream_messages(&js, &theirs)
+            .await
+            .iter()
+            .map(msg_id)
+            .collect();
+        assert_eq!(ids, vec![e.id.to_string()]);
+        js.delete_stream(&theirs).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_a_deleted_stream_is_unavailable_then_recreated() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let stream = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        let sink = nats_sink(&subject, &stream);
+        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        js.delete_stream(&stream).await.unwrap();
+
+        let e = event("a", 1, "order.paid");
+        match sink.deliver(&e).await {
+            Err(DeliveryError::Unavailable(m)) => assert!(m.contains("no responders"), "{m}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        sink.deliver(&e).await.expect("the stream is created again");
+        let ids: Vec<_> = stream_messages(&js, &stream)
+            .await
+            .iter()
+            .map(msg_id)
+            .collect();
+        assert_eq!(ids, vec![e.id.to_string()]);
+        js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_lost_connection_is_unavailable_then_recovers() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let stream = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        let proxy = Proxy::start("127.0.0.1:4222").await;
+        let spec = nats::Spec::parse(&format!(
+            "nats://127.0.0.1:{}?subject={subject}&stream={stream}",
+            proxy.port
+        ))
+        .unwrap();
+        let sink = Nats::new(
+            spec,
+            SinkOptions {
+                timeout: Duration::from_secs(2),
+            },
+        );
+        let events = history("a", 2, "order");
+        sink.deliver(&events[0]).await.unwrap();
+
+        proxy.cut().await;
+        match sink.deliver(&events[1]).await {
+            Err(DeliveryError::Unavailable(m)) => assert!(m.contains("disconnected"), "{m}"),
+            other => panic!("during the outage: {other:?}"),
+        }
+        proxy.restore().await;
+        deliver_once_back(&events[1], || sink.deliver(&events[1])).await;
+        // The publication buffered during the outage may have reached the stream too: the
+        // stream's deduplication keeps one copy.
+        let ids: Vec<_> = stream_messages(&js, &stream)
+            .await
+            .iter()
+            .map(msg_id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec![events[0].id.to_string(), events[1].id.to_string()]
+        );
+        proxy.cut().await;
+        js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn nats_an_error_ack_is_rejected() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let theirs = unique("THEIRS_");
+        let js = jetstream().await;
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: theirs.clone(),
+            subjects: vec![format!("{subject}.>")],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            max_messages: 1,
+            discard: async_nats::jetstream::stream::DiscardPolicy::New,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let sink = nats_sink(&subject, "UNUSED");
+        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        match sink.deliver(&event("a", 1, "order.paid")).await {
+            Err(DeliveryError::Rejected(m)) => assert!(m.contains("maximum messages"), "{m}"),
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+        js.delete_stream(&theirs).await.unwrap();
+    });
+}
