@@ -8,6 +8,7 @@ mod completions;
 mod faults;
 mod inspect;
 mod lease;
+mod relay;
 mod singleflight;
 mod sink_brokers;
 mod supervise;
