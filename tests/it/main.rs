@@ -9,4 +9,5 @@ mod faults;
 mod inspect;
 mod lease;
 mod singleflight;
+mod sink_local;
 mod supervise;
