@@ -27,7 +27,7 @@
 //!   pending — never dead — and its aggregate blocked until the operator steps in; other
 //!   aggregates are unaffected.)
 //!
-//! Connecting has its own, shorter limit ([`connect_timeout`]) so that an unreachable host is
+//! Connecting has its own, shorter limit (`connect_timeout`) so that an unreachable host is
 //! reported as unavailable rather than running into the overall timeout, which would count as a
 //! rejection.
 //!
