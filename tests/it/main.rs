@@ -1,5 +1,6 @@
-//! One integration-test binary (faster to build than one per file). Every test talks to a real
-//! PostgreSQL, in a schema of its own; see `common.rs`.
+//! One integration-test binary (faster to build than one per file). Tests of leasectl talk to a
+//! real PostgreSQL, in a schema of their own (see `common.rs`); the sink tests talk to the real
+//! RabbitMQ and NATS on this machine, and to an HTTP peer they start themselves.
 
 mod common;
 
@@ -11,4 +12,5 @@ mod lease;
 mod relay;
 mod singleflight;
 mod sink_brokers;
+mod sink_local;
 mod supervise;
