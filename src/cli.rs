@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::sink::SinkSpec;
 use crate::config::{
     parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
 };
@@ -225,8 +224,9 @@ Examples:
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…
-    #[arg(long, value_parser = SinkSpec::parse, value_name = "SINK")]
-    pub sink: SinkSpec,
+    // Parsed in `cmd::relay`, not by clap: clap's error would repeat the value, password and all.
+    #[arg(long, value_name = "SINK")]
+    pub sink: String,
     /// Events claimed per transaction
     #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch: i64,

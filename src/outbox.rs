@@ -539,7 +539,7 @@ pub async fn prune_runs(
 ) -> Result<u64> {
     let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let candidates = "SELECT r.id FROM {s}.runs r
-                       WHERE r.finished_at < now() - $1 * interval '1 millisecond'
+                       WHERE r.finished_at < now() - $1::int8 * interval '1 millisecond'
                          AND EXISTS (SELECT 1 FROM {s}.runs n
                                       WHERE n.target = r.target AND n.finished_at > r.finished_at)";
     if dry_run {
