@@ -102,6 +102,7 @@ fn once_drains_20k_events_to_stdout_each_exactly_once_in_aggregate_order() {
     let expected = outbox_ids(&env);
     let o = env.run(&["relay", "--once", "--sink", "stdout"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "no progress line or chatter when stderr is not a terminal");
     let events: Vec<Value> = stdout(&o)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -462,4 +463,55 @@ fn a_relay_whose_stdout_is_closed_exits_69_and_keeps_the_events() {
     let o = finish(child);
     assert_one_line_error(&o, 69, "stdout");
     assert_eq!(outbox_count(&env), 10, "nothing may be marked delivered");
+}
+
+#[test]
+fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
+    let env = migrated();
+    insert_events(&env, 500, 5, 1);
+    let out = env.path("out.jsonl");
+    let pid_file = env.path("pid");
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let line = format!(
+        "echo $$ > {}; exec {} --database-url {} --schema {} relay --sink stdout > {}",
+        quote(pid_file.to_str().unwrap()),
+        quote(bin().to_str().unwrap()),
+        quote(&env.url),
+        quote(&env.schema),
+        quote(out.to_str().unwrap()),
+    );
+    let mut child = std::process::Command::new("script")
+        .args(["-qfc", &line, "/dev/null"])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) from util-linux is needed for terminal tests");
+    // What the terminal shows, collected as it arrives.
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut pty = child.stdout.take().unwrap();
+    let reader = {
+        let screen = screen.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = pty.read(&mut buf) {
+                screen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let pid: u32 = wait_for_file(&pid_file).parse().unwrap();
+    wait_for("the events", || line_count(&out) == 500);
+    // The line is refreshed with the backlog once the relay is idle.
+    wait_for("the progress line with the backlog", || {
+        screen.lock().unwrap().contains("backlog 0 pending")
+    });
+    kill(pid, libc::SIGTERM);
+    assert_eq!(code(&finish(child)), 0);
+    reader.join().unwrap();
+    let screen = screen.lock().unwrap().clone();
+    assert!(screen.contains("500 delivered"), "{screen:?}");
+    assert!(screen.contains("events/s"), "{screen:?}");
+    assert!(screen.contains("backlog 0 pending (0 retrying), 0 dead"), "{screen:?}");
 }
