@@ -273,7 +273,11 @@ pub struct OutboxListArgs {
 #[derive(Debug, Args)]
 pub struct OutboxRetryArgs {
     /// The event's id
-    #[arg(value_name = "ID", required_unless_present = "all_dead", conflicts_with = "all_dead")]
+    #[arg(
+        value_name = "ID",
+        required_unless_present = "all_dead",
+        conflicts_with = "all_dead"
+    )]
     pub id: Option<uuid::Uuid>,
     /// Every dead event
     #[arg(long)]
@@ -303,7 +307,9 @@ pub struct PruneArgs {
 fn parse_poll(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(10) {
-        return Err(format!("'{s}' is too short for a poll interval (at least 10ms)"));
+        return Err(format!(
+            "'{s}' is too short for a poll interval (at least 10ms)"
+        ));
     }
     Ok(d)
 }

@@ -34,9 +34,9 @@ use tokio::time::Instant;
 
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
+use crate::fmt;
 use crate::outbox::{self, Claimed, Settle, Statements};
 use crate::sink::{DeliveryError, Sink, SinkOptions, SinkSpec};
-use crate::fmt;
 
 /// First retry delay after a refused delivery; doubles per attempt up to [`RETRY_CAP`].
 const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -141,7 +141,10 @@ impl Relay {
                     if !db::is_unavailable(pg) || self.cfg.once {
                         return Err(e);
                     }
-                    warn!("lost the database connection ({}); reconnecting", db::reason(pg));
+                    warn!(
+                        "lost the database connection ({}); reconnecting",
+                        db::reason(pg)
+                    );
                     self.reconnect(db, stop, &mut db_outage).await?;
                     continue;
                 }
@@ -166,7 +169,11 @@ impl Relay {
                         self.cfg.sink.describe()
                     );
                 } else {
-                    info!("{} still unavailable ({msg}); next try in {}", self.cfg.sink.describe(), fmt::duration(delay));
+                    info!(
+                        "{} still unavailable ({msg}); next try in {}",
+                        self.cfg.sink.describe(),
+                        fmt::duration(delay)
+                    );
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -247,7 +254,10 @@ impl Relay {
             // In seq order; an aggregate that failed is skipped for the rest of the batch.
             let mut stopped: Vec<(&str, &str)> = Vec::new();
             for (i, c) in claimed.iter().enumerate() {
-                let key = (c.event.aggregate_type.as_str(), c.event.aggregate_id.as_str());
+                let key = (
+                    c.event.aggregate_type.as_str(),
+                    c.event.aggregate_id.as_str(),
+                );
                 if down.borrow().is_some() {
                     break;
                 }
@@ -425,9 +435,15 @@ impl Relay {
         let started = Instant::now();
         let sql = db.schema.sql("VACUUM (SKIP_LOCKED) {s}.outbox");
         match db.client.batch_execute(&sql).await {
-            Ok(()) => info!("vacuumed the outbox in {}", fmt::duration(started.elapsed())),
+            Ok(()) => info!(
+                "vacuumed the outbox in {}",
+                fmt::duration(started.elapsed())
+            ),
             Err(e) => {
-                info!("cannot vacuum the outbox ({}); leaving it to autovacuum", db::reason(&e));
+                info!(
+                    "cannot vacuum the outbox ({}); leaving it to autovacuum",
+                    db::reason(&e)
+                );
                 self.vacuum = false;
             }
         }
@@ -440,7 +456,10 @@ fn chains(claimed: &[Claimed]) -> Vec<Vec<usize>> {
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     let mut chains: Vec<Vec<usize>> = Vec::new();
     for (i, c) in claimed.iter().enumerate() {
-        let key = (c.event.aggregate_type.as_str(), c.event.aggregate_id.as_str());
+        let key = (
+            c.event.aggregate_type.as_str(),
+            c.event.aggregate_id.as_str(),
+        );
         let n = *index.entry(key).or_insert_with(|| {
             chains.push(Vec::new());
             chains.len() - 1
@@ -593,7 +612,11 @@ impl Progress {
 
     /// Refreshes the backlog figures (at most once a second, and only for the terminal line).
     async fn idle(&mut self, client: &tokio_postgres::Client, schema: &crate::db::Schema) {
-        if self.bar.is_none() || self.last_backlog.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        if self.bar.is_none()
+            || self
+                .last_backlog
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         self.last_backlog = Some(Instant::now());

@@ -234,7 +234,12 @@ fn a_relay_whose_connection_is_cut_reconnects_and_keeps_delivering() {
         ));
     };
     insert(1);
-    let lines = || std::fs::read_to_string(&out).unwrap_or_default().lines().count();
+    let lines = || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
     wait_for("the first event", || lines() == 1);
     named.cut(&env);
     insert(2);
@@ -244,6 +249,10 @@ fn a_relay_whose_connection_is_cut_reconnects_and_keeps_delivering() {
     kill(relay.child.id(), libc::SIGTERM);
     let o = relay.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(stderr(&o).contains("lost the database connection"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("lost the database connection"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
 }

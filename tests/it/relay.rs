@@ -72,7 +72,10 @@ fn assert_per_aggregate_order(events: &[Value]) {
         let agg = format!("{}/{}", e["aggregate_type"], e["aggregate_id"]);
         let n = e["payload"]["n"].as_i64().unwrap();
         if let Some(prev) = last.insert(agg.clone(), n) {
-            assert!(prev < n, "aggregate {agg}: event {n} published after {prev}");
+            assert!(
+                prev < n,
+                "aggregate {agg}: event {n} published after {prev}"
+            );
         }
     }
 }
@@ -102,7 +105,11 @@ fn once_drains_20k_events_to_stdout_each_exactly_once_in_aggregate_order() {
     let expected = outbox_ids(&env);
     let o = env.run(&["relay", "--once", "--sink", "stdout"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert_eq!(stderr(&o), "", "no progress line or chatter when stderr is not a terminal");
+    assert_eq!(
+        stderr(&o),
+        "",
+        "no progress line or chatter when stderr is not a terminal"
+    );
     let events: Vec<Value> = stdout(&o)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -133,24 +140,50 @@ fn the_published_form_is_spec_json_for_application_and_run_events() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{}", stdout(&o));
     let app: Value = serde_json::from_str(lines[0]).unwrap();
-    let keys: Vec<&str> = app.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = app
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(
         keys,
-        ["id", "aggregate_type", "aggregate_id", "type", "payload", "created_at"]
+        [
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "type",
+            "payload",
+            "created_at"
+        ]
     );
     assert_eq!(app["id"], id.as_str());
     assert_eq!(app["aggregate_type"], "order");
     assert_eq!(app["aggregate_id"], "42");
     assert_eq!(app["type"], "order.paid");
-    assert_eq!(app["payload"], serde_json::json!({"total": 1500, "note": "a\nb"}));
+    assert_eq!(
+        app["payload"],
+        serde_json::json!({"total": 1500, "note": "a\nb"})
+    );
     assert_eq!(app["created_at"], created.as_str());
 
     let run: Value = serde_json::from_str(lines[1]).unwrap();
     assert_eq!(run["aggregate_type"], "leasectl.target");
     assert_eq!(run["aggregate_id"], "t1");
     assert_eq!(run["type"], "leasectl.run.finished");
-    for key in ["run_id", "target", "fence", "exit_code", "started_at", "finished_at", "host"] {
-        assert!(run["payload"].get(key).is_some(), "payload lacks {key}: {run}");
+    for key in [
+        "run_id",
+        "target",
+        "fence",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "host",
+    ] {
+        assert!(
+            run["payload"].get(key).is_some(),
+            "payload lacks {key}: {run}"
+        );
     }
 }
 
@@ -163,7 +196,9 @@ fn a_running_relay_is_woken_by_notify_long_before_its_poll() {
     relay.wait_for_stderr("relaying schema");
     for round in 0..3 {
         insert_events(&env, 1, 1, round + 1);
-        wait_for("the event to be published", || line_count(&out) == round + 1);
+        wait_for("the event to be published", || {
+            line_count(&out) == round + 1
+        });
     }
     kill(relay.child.id(), libc::SIGTERM);
     let o = relay.finish();
@@ -197,7 +232,13 @@ fn three_relays_at_once_deliver_everything_once_in_aggregate_order() {
     // Few aggregates and small batches, so the relays fight over the same aggregates.
     insert_events(&env, 3_000, 5, 1);
     let relays: Vec<Watched> = (0..3)
-        .map(|_| spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "7", "--poll", "100ms"]))
+        .map(|_| {
+            spawn_relay(
+                &env,
+                &out,
+                &["--sink", "stdout", "--batch", "7", "--poll", "100ms"],
+            )
+        })
         .collect();
     // More events while they run, from other connections, one transaction at a time.
     let mut next = 3_001;
@@ -268,7 +309,10 @@ fn a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest() {
     assert_eq!(got, all, "an event was lost");
     let duplicates = events.len() - got.len();
     // At most the one batch in flight can be published twice.
-    assert!(duplicates <= 50, "{duplicates} duplicates (killed after {before} lines)");
+    assert!(
+        duplicates <= 50,
+        "{duplicates} duplicates (killed after {before} lines)"
+    );
     assert_eq!(outbox_count(&env), 0);
     // Each aggregate's order holds in the second run, and across the two: a redelivered event
     // appears again, but never one after its successor's first appearance… unless it was the
@@ -285,7 +329,7 @@ fn a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest() {
 fn a_dead_event_blocks_only_its_own_aggregate_until_retried() {
     let env = migrated();
     insert_events(&env, 30, 3, 1); // aggregates '0', '1', '2'
-    // Kill aggregate '1''s oldest event as the relay would after --max-attempts.
+                                   // Kill aggregate '1''s oldest event as the relay would after --max-attempts.
     env.sql(
         "UPDATE outbox SET attempts = 10, dead_at = now(), last_error = 'HTTP 500: boom'
           WHERE seq = (SELECT min(seq) FROM outbox WHERE aggregate_id = '1')",
@@ -298,7 +342,11 @@ fn a_dead_event_blocks_only_its_own_aggregate_until_retried() {
         .collect();
     assert_eq!(events.len(), 20, "every other aggregate is delivered");
     assert!(events.iter().all(|e| e["aggregate_id"] != "1"));
-    assert_eq!(outbox_count(&env), 10, "aggregate 1 waits behind its dead event");
+    assert_eq!(
+        outbox_count(&env),
+        10,
+        "aggregate 1 waits behind its dead event"
+    );
 
     let listed = env.run(&["outbox", "list", "--json"]);
     let doc: Value = serde_json::from_slice(&listed.stdout).unwrap();
@@ -324,7 +372,11 @@ fn a_dead_event_blocks_only_its_own_aggregate_until_retried() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(events.len(), 10);
-    assert_eq!(events[0]["id"], dead_id.as_str(), "the re-queued event goes first");
+    assert_eq!(
+        events[0]["id"],
+        dead_id.as_str(),
+        "the re-queued event goes first"
+    );
     assert_per_aggregate_order(&events);
     assert_eq!(outbox_count(&env), 0);
 }
@@ -348,7 +400,10 @@ fn an_event_waiting_out_a_retry_is_left_by_once_and_blocks_its_aggregate() {
     assert_eq!(status["outbox"]["dead"], 0);
     let listed = env.run(&["outbox", "list"]);
     let table = stdout(&listed);
-    assert!(table.contains("retrying") && table.contains("in 59m5"), "{table}");
+    assert!(
+        table.contains("retrying") && table.contains("in 59m5"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -380,8 +435,15 @@ fn outbox_retry_all_dead_and_discard() {
 
     let o = env.run(&["outbox", "retry", "--all-dead"]);
     assert_eq!(code(&o), 0);
-    assert!(stderr(&o).contains("re-queued 1 dead event"), "{}", stderr(&o));
-    assert_eq!(env.scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL OR attempts > 0"), "0");
+    assert!(
+        stderr(&o).contains("re-queued 1 dead event"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL OR attempts > 0"),
+        "0"
+    );
     let o = env.run(&["outbox", "retry", "00000000-0000-0000-0000-000000000000"]);
     assert_one_line_error(&o, 1, "no event");
     let o = env.run(&["outbox", "discard", "--force", &live]);
@@ -393,10 +455,16 @@ fn outbox_retry_all_dead_and_discard() {
 fn prune_deletes_old_runs_but_keeps_each_targets_newest() {
     let env = migrated();
     for target in ["a", "a", "a", "b"] {
-        assert_eq!(code(&env.run(&["run", "--no-event", "--target", target, "--", "true"])), 0);
+        assert_eq!(
+            code(&env.run(&["run", "--no-event", "--target", target, "--", "true"])),
+            0
+        );
     }
     env.sql("UPDATE runs SET finished_at = finished_at - interval '2 days', started_at = started_at - interval '2 days'");
-    assert_eq!(code(&env.run(&["run", "--no-event", "--target", "c", "--", "true"])), 0);
+    assert_eq!(
+        code(&env.run(&["run", "--no-event", "--target", "c", "--", "true"])),
+        0
+    );
     let o = env.run(&["prune", "--older-than", "1d", "--dry-run"]);
     assert_eq!(code(&o), 0);
     assert!(stderr(&o).contains("would delete 2 runs"), "{}", stderr(&o));
@@ -419,11 +487,20 @@ fn prune_deletes_old_runs_but_keeps_each_targets_newest() {
 fn bad_relay_and_outbox_arguments_are_usage_errors() {
     let env = migrated();
     for (args, needle) in [
-        (vec!["relay", "--sink", "kafka://u:secret@h"], "unknown sink"),
+        (
+            vec!["relay", "--sink", "kafka://u:secret@h"],
+            "unknown sink",
+        ),
         (vec!["relay"], "--sink"),
         (vec!["relay", "--sink", "stdout", "--batch", "0"], "--batch"),
-        (vec!["relay", "--sink", "stdout", "--poll", "1ms"], "too short"),
-        (vec!["relay", "--sink", "stdout", "--max-attempts", "0"], "--max-attempts"),
+        (
+            vec!["relay", "--sink", "stdout", "--poll", "1ms"],
+            "too short",
+        ),
+        (
+            vec!["relay", "--sink", "stdout", "--max-attempts", "0"],
+            "--max-attempts",
+        ),
         (vec!["relay", "--sink", "exec:"], "needs a command"),
         (vec!["outbox", "retry"], "ID"),
         (vec!["outbox", "retry", "not-a-uuid"], "ID"),
@@ -497,7 +574,10 @@ fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
             use std::io::Read;
             let mut buf = [0u8; 4096];
             while let Ok(n @ 1..) = pty.read(&mut buf) {
-                screen.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                screen
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         })
     };
@@ -513,5 +593,34 @@ fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
     let screen = screen.lock().unwrap().clone();
     assert!(screen.contains("500 delivered"), "{screen:?}");
     assert!(screen.contains("events/s"), "{screen:?}");
-    assert!(screen.contains("backlog 0 pending (0 retrying), 0 dead"), "{screen:?}");
+    assert!(
+        screen.contains("backlog 0 pending (0 retrying), 0 dead"),
+        "{screen:?}"
+    );
+}
+
+#[test]
+fn an_event_inserted_for_later_waits_without_busy_looping_and_holds_its_aggregate() {
+    let env = migrated();
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, next_attempt_at)
+         VALUES ('order', '1', 'order.later', '{\"n\": 1}', now() + interval '1 hour'),
+                ('order', '1', 'order.paid', '{\"n\": 2}', DEFAULT),
+                ('order', '2', 'order.paid', '{\"n\": 3}', DEFAULT)",
+    );
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "only aggregate 2 is due: {lines:?}");
+    assert!(lines[0].contains("\"n\": 3"), "{lines:?}");
+    let doc: Value =
+        serde_json::from_slice(&env.run(&["outbox", "list", "--json"]).stdout).unwrap();
+    let states: Vec<&str> = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["scheduled", "blocked"]);
 }
