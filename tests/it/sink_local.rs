@@ -80,7 +80,7 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// How the peer answers each request.
 #[derive(Clone)]
-enum Answer {
+pub(crate) enum Answer {
     /// A response with this status line, extra headers and body.
     Status {
         code: u16,
@@ -92,9 +92,15 @@ enum Answer {
     Silence,
     /// Reads the request, then closes the connection without a word.
     Hangup,
+    /// Decided per request, from the request and its index among every request the peer has
+    /// read (0 for the first): say, failing the first few, or refusing one aggregate's events.
+    By(Decide),
 }
 
-fn status(code: u16, reason: &'static str, body: &str) -> Answer {
+/// Chooses the answer to a request, given the request and its index (see [`Answer::By`]).
+pub(crate) type Decide = Arc<dyn Fn(&Request, usize) -> Answer + Send + Sync>;
+
+pub(crate) fn status(code: u16, reason: &'static str, body: &str) -> Answer {
     Answer::Status {
         code,
         reason,
@@ -104,16 +110,18 @@ fn status(code: u16, reason: &'static str, body: &str) -> Answer {
 }
 
 #[derive(Debug, Clone)]
-struct Request {
-    method: String,
-    target: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
+pub(crate) struct Request {
+    pub(crate) method: String,
+    pub(crate) target: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
+    /// When the peer had read the whole request.
+    pub(crate) at: Instant,
 }
 
 impl Request {
     /// The value of a header that must appear at most once.
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         let mut found = self
             .headers
             .iter()
@@ -124,17 +132,24 @@ impl Request {
     }
 }
 
-struct Peer {
-    addr: SocketAddr,
-    requests: Arc<Mutex<Vec<Request>>>,
-    connections: Arc<AtomicUsize>,
-    answer: Arc<Mutex<Answer>>,
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    /// Every request read, in the order they arrived.
+    pub(crate) requests: Arc<Mutex<Vec<Request>>>,
+    pub(crate) connections: Arc<AtomicUsize>,
+    pub(crate) answer: Arc<Mutex<Answer>>,
 }
 
 impl Peer {
     /// Listens on a free local port; serves on the current runtime until it is dropped.
-    async fn start(answer: Answer) -> Peer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    pub(crate) async fn start(answer: Answer) -> Peer {
+        Peer::start_at("127.0.0.1:0".parse().unwrap(), answer).await
+    }
+
+    /// Like [`Peer::start`], on `addr` (say, a port a client was told about before the peer
+    /// existed).
+    pub(crate) async fn start_at(addr: SocketAddr, answer: Answer) -> Peer {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let peer = Peer {
             addr: listener.local_addr().unwrap(),
             requests: Arc::default(),
@@ -156,15 +171,15 @@ impl Peer {
         peer
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
-    fn set(&self, answer: Answer) {
+    pub(crate) fn set(&self, answer: Answer) {
         *self.answer.lock().unwrap() = answer;
     }
 
-    fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.requests.lock().unwrap().clone()
     }
 }
@@ -176,8 +191,15 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
         let Some(request) = read_request(&mut socket, &mut buf).await else {
             return;
         };
-        log.lock().unwrap().push(request);
-        let answer = answer.lock().unwrap().clone();
+        let index = {
+            let mut log = log.lock().unwrap();
+            log.push(request.clone());
+            log.len() - 1
+        };
+        let mut answer = answer.lock().unwrap().clone();
+        while let Answer::By(decide) = answer {
+            answer = decide(&request, index);
+        }
         match answer {
             Answer::Status {
                 code,
@@ -196,6 +218,7 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
             }
             Answer::Silence => std::future::pending::<()>().await,
             Answer::Hangup => return,
+            Answer::By(_) => unreachable!("resolved above"),
         }
     }
 }
@@ -246,6 +269,7 @@ async fn read_request(socket: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Reque
         target,
         headers,
         body,
+        at: Instant::now(),
     })
 }
 
@@ -262,7 +286,7 @@ async fn fill(socket: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 }
 
 /// A local port with nothing listening on it.
-fn closed_port() -> u16 {
+pub(crate) fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
