@@ -10,6 +10,7 @@ mod faults;
 mod inspect;
 mod lease;
 mod relay;
+mod relay_sinks;
 mod singleflight;
 mod sink_brokers;
 mod sink_local;
