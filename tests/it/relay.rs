@@ -221,8 +221,12 @@ fn an_event_whose_notify_was_missed_is_found_by_polling() {
          COMMIT;",
     );
     wait_for("the polled event", || line_count(&out) == 1);
-    kill(relay.child.id(), libc::SIGTERM);
-    assert_eq!(code(&relay.finish()), 0);
+    kill(relay.child.id(), libc::SIGINT);
+    assert_eq!(
+        code(&relay.finish()),
+        0,
+        "SIGINT, like SIGTERM, is a clean stop"
+    );
 }
 
 #[test]
@@ -623,4 +627,61 @@ fn an_event_inserted_for_later_waits_without_busy_looping_and_holds_its_aggregat
         .map(|e| e["state"].as_str().unwrap())
         .collect();
     assert_eq!(states, ["scheduled", "blocked"]);
+}
+
+/// A relay with an exec sink that marks when a delivery starts and then waits for the gate.
+fn relay_with_a_slow_command(env: &Env) -> Watched {
+    let started = env.path("started");
+    let command = format!(
+        "exec:touch '{}'; {}; cat >> '{}'",
+        started.display(),
+        env.gate(),
+        env.path("delivered").display()
+    );
+    let relay = Watched::new(
+        env.command()
+            .args(["-v", "relay", "--sink", &command, "--timeout", "1m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    insert_events(env, 1, 1, 1);
+    wait_for_file_exists(&started);
+    relay
+}
+
+#[test]
+fn sigterm_mid_batch_waits_for_the_delivery_in_hand_then_exits_0() {
+    let env = migrated();
+    let relay = relay_with_a_slow_command(&env);
+    kill(relay.child.id(), libc::SIGTERM);
+    relay.wait_for_stderr("finishing the batch in hand");
+    assert!(
+        alive(relay.child.id() as i32),
+        "the relay must wait for its delivery"
+    );
+    env.open_gate();
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(read_events(&env.path("delivered")).len(), 1);
+    assert_eq!(outbox_count(&env), 0, "the finished batch was committed");
+}
+
+#[test]
+fn a_second_signal_exits_at_once_and_the_batch_stays_in_the_outbox() {
+    let env = migrated();
+    let relay = relay_with_a_slow_command(&env);
+    kill(relay.child.id(), libc::SIGTERM);
+    relay.wait_for_stderr("finishing the batch in hand");
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 143, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("will be published again"),
+        "{}",
+        stderr(&o)
+    );
+    env.open_gate();
+    assert_eq!(outbox_count(&env), 1, "the unfinished batch rolled back");
 }
