@@ -44,6 +44,8 @@ const RETRY_CAP: Duration = Duration::from_secs(300);
 /// Backoff while the sink or the database is unreachable.
 const OUTAGE_BASE: Duration = Duration::from_secs(1);
 const OUTAGE_CAP: Duration = Duration::from_secs(30);
+/// While the sink stays down, the warning is repeated this often (services run without `-v`).
+const OUTAGE_REMINDER: Duration = Duration::from_secs(300);
 /// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
 /// minute, and a fast relay can churn through millions of rows in that time).
 const VACUUM_EVERY: u64 = 20_000;
@@ -123,9 +125,8 @@ struct BatchReport {
 
 impl Relay {
     async fn main_loop(&mut self, db: &mut Db, stop: &Stop) -> Result<Exit> {
-        let mut sink_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
+        let mut sink_outage = Outage::new(self.cfg.sink.describe());
         let mut db_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
-        let mut sink_down_since: Option<Instant> = None;
         loop {
             if stop.requested() {
                 return Ok(Exit::Code(0));
@@ -161,34 +162,14 @@ impl Relay {
                     ))
                     .into());
                 }
-                let delay = sink_outage.next();
-                if sink_down_since.is_none() {
-                    sink_down_since = Some(Instant::now());
-                    warn!(
-                        "{} is unavailable ({msg}); retrying with backoff, no event is charged an attempt",
-                        self.cfg.sink.describe()
-                    );
-                } else {
-                    info!(
-                        "{} still unavailable ({msg}); next try in {}",
-                        self.cfg.sink.describe(),
-                        fmt::duration(delay)
-                    );
-                }
+                let delay = sink_outage.down(&msg);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.wait() => return Ok(Exit::Code(0)),
                 }
                 continue;
             }
-            if let Some(since) = sink_down_since.take() {
-                warn!(
-                    "{} is reachable again after {}",
-                    self.cfg.sink.describe(),
-                    fmt::duration(since.elapsed())
-                );
-                sink_outage.reset();
-            }
+            sink_outage.up();
             if report.claimed > 0 {
                 continue;
             }
@@ -478,6 +459,64 @@ pub fn retry_delay(attempt: i32, unit: f64) -> Duration {
         .saturating_mul(1u32 << doublings.min(20))
         .min(RETRY_CAP);
     base.mul_f64(0.8 + 0.4 * unit.clamp(0.0, 1.0))
+}
+
+/// A sink outage: backoff between tries, and a warning when it starts, every
+/// [`OUTAGE_REMINDER`] while it lasts, and when it ends (details with `-v`).
+struct Outage {
+    sink: String,
+    backoff: Backoff,
+    since: Option<Instant>,
+    warned: Option<Instant>,
+}
+
+impl Outage {
+    fn new(sink: String) -> Outage {
+        Outage {
+            sink,
+            backoff: Backoff::new(OUTAGE_BASE, OUTAGE_CAP),
+            since: None,
+            warned: None,
+        }
+    }
+
+    /// Records a failed try; returns how long to wait before the next one.
+    fn down(&mut self, msg: &str) -> Duration {
+        let delay = self.backoff.next();
+        let now = Instant::now();
+        let sink = &self.sink;
+        match self.since {
+            None => {
+                self.since = Some(now);
+                self.warned = Some(now);
+                warn!("{sink} is unavailable ({msg}); retrying with backoff, no event is charged an attempt");
+            }
+            Some(since) if self.warned.is_none_or(|w| w.elapsed() >= OUTAGE_REMINDER) => {
+                self.warned = Some(now);
+                warn!(
+                    "{sink} still unavailable after {} ({msg})",
+                    fmt::duration(since.elapsed())
+                );
+            }
+            Some(_) => info!(
+                "{sink} still unavailable ({msg}); next try in {}",
+                fmt::duration(delay)
+            ),
+        }
+        delay
+    }
+
+    /// Records a successful batch, ending any outage.
+    fn up(&mut self) {
+        if let Some(since) = self.since.take() {
+            warn!(
+                "{} is reachable again after {}",
+                self.sink,
+                fmt::duration(since.elapsed())
+            );
+            self.backoff.reset();
+        }
+    }
 }
 
 /// Exponential backoff with jitter for outages.
