@@ -6,6 +6,7 @@ mod common;
 
 mod cli;
 mod completions;
+mod events;
 mod faults;
 mod inspect;
 mod lease;

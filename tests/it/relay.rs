@@ -3,7 +3,7 @@
 //! The receiver is a file the relays append to (O_APPEND, one `write` per batch), so its line
 //! order is the order in which events were published, even with several relays writing to it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -11,25 +11,7 @@ use std::process::{Child, Stdio};
 use serde_json::Value;
 
 use crate::common::*;
-
-/// Inserts `n` events over `aggregates` aggregates ('order', '0'…), payload {"n": g}, in one
-/// transaction from another connection, like an application would.
-fn insert_events(env: &Env, n: usize, aggregates: usize, first: usize) {
-    env.sql(&format!(
-        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
-         SELECT 'order', (g % {aggregates})::text, 'order.paid', jsonb_build_object('n', g)
-           FROM generate_series({first}, {}) g",
-        first + n - 1
-    ));
-}
-
-/// A test environment whose schema exists already, so SQL can run before leasectl does.
-fn migrated() -> Env {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    env
-}
+use crate::events::*;
 
 /// A relay whose stdout appends to `out`.
 fn spawn_relay(env: &Env, out: &Path, args: &[&str]) -> Watched {
@@ -65,37 +47,11 @@ fn line_count(path: &Path) -> usize {
         .count()
 }
 
-/// Asserts every aggregate's events appear in increasing `payload.n` order.
-fn assert_per_aggregate_order(events: &[Value]) {
-    let mut last: HashMap<String, i64> = HashMap::new();
-    for e in events {
-        let agg = format!("{}/{}", e["aggregate_type"], e["aggregate_id"]);
-        let n = e["payload"]["n"].as_i64().unwrap();
-        if let Some(prev) = last.insert(agg.clone(), n) {
-            assert!(
-                prev < n,
-                "aggregate {agg}: event {n} published after {prev}"
-            );
-        }
-    }
-}
-
 fn ids(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .map(|e| e["id"].as_str().unwrap().to_owned())
         .collect()
-}
-
-fn outbox_ids(env: &Env) -> HashSet<String> {
-    env.sql("SELECT id::text FROM outbox")
-        .into_iter()
-        .map(|r| r[0].clone().unwrap())
-        .collect()
-}
-
-fn outbox_count(env: &Env) -> usize {
-    env.scalar("SELECT count(*) FROM outbox").parse().unwrap()
 }
 
 #[test]
