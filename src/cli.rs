@@ -198,7 +198,7 @@ Sinks:
 
 Examples:
   leasectl relay --sink amqp://guest:guest@localhost/%2f
-  leasectl relay --sink nats://localhost:4222?subject=orders
+  leasectl relay --sink 'nats://localhost:4222?subject=orders'
   leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
   leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
 
@@ -250,10 +250,19 @@ pub struct RelayArgs {
 #[derive(Debug, Subcommand)]
 pub enum OutboxCommand {
     /// List undelivered events, oldest first, with their state and last error
+    #[command(
+        after_help = "States: pending, retrying (waiting out a backoff), scheduled (inserted for later),\nblocked (behind a dead or not yet due event of its aggregate), dead.\n\nExamples:\n  leasectl outbox list\n  leasectl outbox list --dead --json | jq -r '.events[].id'"
+    )]
     List(OutboxListArgs),
     /// Make an event (or every dead one) due now, with a fresh attempt budget
+    #[command(
+        after_help = "Exits 1 when no such event is in the outbox.\n\nExamples:\n  leasectl outbox retry 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11\n  leasectl outbox retry --all-dead"
+    )]
     Retry(OutboxRetryArgs),
     /// Delete a dead event, printing it as JSON on stdout so it is not lost
+    #[command(
+        after_help = "Exits 1 when no such event is in the outbox, or it is not dead and --force is missing.\n\nExample:\n  leasectl outbox discard 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11 >> discarded.jsonl"
+    )]
     Discard(OutboxDiscardArgs),
 }
 
