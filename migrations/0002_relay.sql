@@ -8,6 +8,12 @@
 CREATE INDEX outbox_held ON outbox (aggregate_type, aggregate_id)
     WHERE dead_at IS NOT NULL OR next_attempt_at > created_at;
 
+-- The relay finds an aggregate's events through its window (by seq) and the index above, never
+-- through (aggregate_type, aggregate_id, seq); that index only cost every insert and delete, and
+-- with stale statistics (an outbox vacuumed while empty) the planner would pick it for lookups
+-- by seq and scan it whole.
+DROP INDEX outbox_aggregate_seq;
+
 -- The outbox is a queue: rows are inserted, then deleted once delivered. Vacuum it as soon as a
 -- few thousand rows are dead instead of after 20% of the table, so it and its indexes stay
 -- small. (The relay also vacuums it itself after heavy draining: autovacuum wakes up only once

@@ -64,7 +64,7 @@ WITH win AS MATERIALIZED (
 ), heads AS (
     SELECT o.seq, o.aggregate_type, o.aggregate_id
       FROM {s}.outbox o
-     WHERE o.seq IN (SELECT seq FROM firsts)
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts))
      ORDER BY o.seq
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -76,8 +76,7 @@ WITH win AS MATERIALIZED (
      LIMIT $1
 )
 DELETE FROM {s}.outbox o
- USING claimed
- WHERE o.seq = claimed.seq
+ WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
 RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text, o.created_at,
           o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
           o.dead_at IS NOT NULL OR o.next_attempt_at > now()";
@@ -168,7 +167,23 @@ pub struct Statements {
 }
 
 impl Statements {
+    /// Prepares the statements on a fresh connection of the relay's, after steering its planner.
+    ///
+    /// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or
+    /// autovacuum's) leaves statistics that say "no rows" until the next ANALYZE. Planned with
+    /// those, the claim joined its steps with nested loops that rescanned the table or the
+    /// window once per row: a burst after a quiet spell took seconds per batch instead of
+    /// milliseconds. So the claim reaches the table only through index conditions (`seq =
+    /// ANY (…)`, the window's ordered scan, the `outbox_held` probe), never through a join, and
+    /// the relay's session takes sequential and bitmap scans and nested loops off the table: what is left
+    /// are index scans and hash joins of the window with itself, whatever the statistics say.
     pub async fn prepare(client: &Client, schema: &Schema) -> Result<Statements> {
+        client
+            .batch_execute(
+                "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_nestloop = off",
+            )
+            .await
+            .context("cannot configure the relay's session")?;
         let claim = client
             .prepare_typed(&schema.sql(CLAIM), &[Type::INT8, Type::INT8, Type::INT8])
             .await

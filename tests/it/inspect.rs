@@ -189,6 +189,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     env.sql(
         "DELETE FROM schema_migrations WHERE version = 2;
          DROP INDEX outbox_held; DROP INDEX runs_finished;
+         CREATE INDEX outbox_aggregate_seq ON outbox (aggregate_type, aggregate_id, seq);
          ALTER TABLE outbox RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
                                    autovacuum_vacuum_cost_delay);",
     );
@@ -204,6 +205,13 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
             env.schema
         )),
         "1"
+    );
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = '{}' AND indexname = 'outbox_aggregate_seq'",
+            env.schema
+        )),
+        "0"
     );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
