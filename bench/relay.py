@@ -111,9 +111,9 @@ def quoted(schema):
     return f'"{schema}"'
 
 
-def new_schema(leasectl_bin):
+def new_schema(leasectl):
     schema = "bench_" + secrets.token_hex(6)
-    p = subprocess.run([leasectl_bin, "--schema", schema, "migrate"], capture_output=True, text=True, env=ENV)
+    p = subprocess.run([*leasectl, "--schema", schema, "migrate"], capture_output=True, text=True, env=ENV)
     if p.returncode != 0:
         die(f"leasectl migrate exited {p.returncode}: {p.stderr.strip()}")
     return schema
@@ -320,6 +320,104 @@ class NatsTarget:
         self._js(op)
 
 
+# What a plain client gets from the same broker on this machine: the ceiling the relay's broker
+# figures are read against. Same message size, persistent/file-stored, acknowledged, but with up to
+# REF_WINDOW publishes in flight (one channel / one connection) instead of one per aggregate.
+REF_WINDOW = 1000
+REF_BODY = json.dumps(
+    {"id": "0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11", "aggregate_type": "order", "aggregate_id": "123",
+     "type": "order.paid", "payload": {"n": 123, "pad": "x" * 150}, "created_at": "2026-01-01T00:00:00.000000Z"}
+).encode()
+
+
+def amqp_reference(n):
+    """pika, one channel in confirm mode, REF_WINDOW persistent mandatory publishes in flight."""
+    import pika
+
+    target = AmqpTarget()
+    st = {"sent": 0, "acked": 0, "t0": 0.0, "t1": 0.0, "returned": 0}
+    conn = None
+
+    def pump(ch):
+        while st["sent"] < n and st["sent"] - st["acked"] < REF_WINDOW:
+            ch.basic_publish(
+                target.exchange, "order.paid", REF_BODY,
+                pika.BasicProperties(delivery_mode=2, message_id=str(st["sent"]), content_type="application/json"),
+                mandatory=True,
+            )
+            st["sent"] += 1
+
+    def on_ack(frame):
+        st["acked"] = max(st["acked"], frame.method.delivery_tag)
+        if st["acked"] >= n:
+            if not st["t1"]:
+                st["t1"] = time.perf_counter()
+                conn.close()
+        else:
+            pump(ch_box[0])
+
+    ch_box = []
+
+    def on_channel(ch):
+        ch_box.append(ch)
+        ch.add_on_return_callback(lambda *a: st.__setitem__("returned", st["returned"] + 1))
+
+        def confirmed(_):
+            st["t0"] = time.perf_counter()
+            pump(ch)
+
+        ch.confirm_delivery(on_ack, callback=confirmed)
+
+    try:
+        conn = pika.SelectConnection(
+            pika.URLParameters(AMQP_URL),
+            on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+            on_open_error_callback=lambda c, e: die(f"amqp reference: {e}"),
+            on_close_callback=lambda c, why: c.ioloop.stop(),
+        )
+        conn.ioloop.start()
+        got = target.count()
+        if got != n or st["returned"]:
+            print(f"  amqp-ref: the queue holds {got} messages ({st['returned']} returned), expected {n}")
+        return n / (st["t1"] - st["t0"])
+    finally:
+        target.delete()
+
+
+def nats_reference(n):
+    """nats-py, a file-storage stream, REF_WINDOW concurrent publishes each awaiting its ack."""
+    import nats
+
+    target = NatsTarget()
+
+    async def go():
+        nc = await nats.connect(NATS_URL)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name=target.stream, subjects=[f"{target.subject}.>"], storage="file")
+            subject = f"{target.subject}.order.paid"
+            it = iter(range(n))
+
+            async def worker():
+                for i in it:
+                    await js.publish(subject, REF_BODY, headers={"Nats-Msg-Id": f"ref-{i}"})
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(REF_WINDOW)))
+            return n / (time.perf_counter() - t0)
+        finally:
+            await nc.close()
+
+    try:
+        rate = asyncio.run(go())
+        got = target.count()
+        if got != n:
+            print(f"  nats-ref: the stream holds {got} messages, expected {n}")
+        return rate
+    finally:
+        target.delete()
+
+
 def jetstream_enabled():
     try:
         import nats
@@ -436,7 +534,11 @@ class Candidate:
 
 def measure(args, pg, cand, peer):
     """One fresh schema, N events, one drain. Returns events/s (or None when it failed)."""
-    schema = new_schema(args.bin)
+    if cand.kind in ("amqp-ref", "nats-ref"):
+        rate = (amqp_reference if cand.kind == "amqp-ref" else nats_reference)(args.events)
+        cand.rates.append(rate)
+        return rate
+    schema = new_schema(args.leasectl)
     target = None
     try:
         fill(pg, schema, args.events, cand.aggregates)
@@ -460,7 +562,7 @@ def measure(args, pg, cand, peer):
                 before = (peer.requests(), peer.cpu())
             else:
                 sink = "stdout"
-            argv = [args.bin, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
+            argv = [*args.leasectl, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
         code, wall, rss, cpu, err = run_measured(argv)
         left = pending(pg, schema)
         if code != 0 or left != 0:
@@ -492,10 +594,10 @@ def measure(args, pg, cand, peer):
 
 def probe_sink(args, pg, sink):
     """Delivers 3 events with `relay --once`; returns None if that worked, else the error."""
-    schema = new_schema(args.bin)
+    schema = new_schema(args.leasectl)
     try:
         fill(pg, schema, 3, 3)
-        code, _, _, _, err = run_measured([args.bin, "--schema", schema, "relay", "--once", "--sink", sink])
+        code, _, _, _, err = run_measured([*args.leasectl, "--schema", schema, "relay", "--once", "--sink", sink])
         if code != 0:
             return f"exit {code}: {err.splitlines()[-1] if err else ''}"
         if pending(pg, schema) != 0:
@@ -514,8 +616,10 @@ def throughput(args, pg, peer):
     ]
     if args.amqp:
         cands.append(Candidate("amqp", 1000, "amqp", "relay --once → RabbitMQ (confirms, durable queue)"))
+        cands.append(Candidate("amqp-ref", 0, "amqp-ref", f"reference: pika, 1 channel, {REF_WINDOW} confirms in flight"))
     if args.nats:
         cands.append(Candidate("nats", 1000, "nats", "relay --once → NATS JetStream (acks, file storage)"))
+        cands.append(Candidate("nats-ref", 0, "nats-ref", f"reference: nats-py, {REF_WINDOW} acked publishes in flight"))
     if peer is not None:
         cands.append(Candidate("http", 1000, "http", f"relay --once → HTTP peer ({args.http_workers} processes, 204)"))
     print(f"Throughput: {args.events} events per drain, {args.rounds} rounds of {len(cands)} candidates, rotated")
@@ -544,10 +648,10 @@ def pct(xs, q):
 
 
 def latency(args, pg, notify):
-    schema = new_schema(args.bin)
+    schema = new_schema(args.leasectl)
     q = quoted(schema)
     pg.run(f"CREATE TABLE {q}.ref (n int)")
-    argv = [args.bin, "--schema", schema, "relay", "--sink", "stdout", "--batch", str(BATCH)]
+    argv = [*args.leasectl, "--schema", schema, "relay", "--sink", "stdout", "--batch", str(BATCH)]
     if not notify:
         argv += ["--poll", "100ms"]
     relay = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
@@ -631,10 +735,10 @@ def latency(args, pg, notify):
 
 
 def table_size(args, pg):
-    schema = new_schema(args.bin)
+    schema = new_schema(args.leasectl)
     q = quoted(schema)
     relay = subprocess.Popen(
-        [args.bin, "--schema", schema, "relay", "--sink", "stdout", "--batch", str(BATCH)],
+        [*args.leasectl, "--schema", schema, "relay", "--sink", "stdout", "--batch", str(BATCH)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV,
     )
     errlines = []
@@ -666,11 +770,13 @@ def table_size(args, pg):
                 if relay.poll() is not None:
                     die(f"table size: the relay exited {relay.returncode}; "
                         f"stderr: {b''.join(errlines).decode(errors='replace')[-500:]}")
-                if time.perf_counter() > budget:
+                if time.perf_counter() > budget or time.perf_counter() - t > args.lot_timeout:
                     break
                 time.sleep(0.005)
             else:
                 drains.append(time.perf_counter() - t)
+                if args.verbose:
+                    print(f"  lot {i + 1}: drained in {drains[-1]:.2f} s")
                 done += lot
                 largest = max(largest, sizes()[0])
                 if i == 0:
@@ -678,7 +784,8 @@ def table_size(args, pg):
                     first = sizes()
                 continue
             left = pending(pg, schema)
-            print(f"  table size: stopped after {args.size_budget:g} s (--size-budget): lot {i + 1} of {lots} "
+            why = "--size-budget" if time.perf_counter() > budget else f"--lot-timeout {args.lot_timeout:g} s"
+            print(f"  table size: stopped after {time.perf_counter() - started:.0f} s ({why}): lot {i + 1} of {lots} "
                   f"still had {left} of 10000 events; drains so far: median {statistics.median(drains or [0]):.2f} s, "
                   f"slowest {max(drains or [0]):.2f} s")
             done += lot - left
@@ -729,8 +836,11 @@ def main():
     ap.add_argument("--latency-events", type=int, help="events per latency mode (default 1000; --quick 200)")
     ap.add_argument("--size-events", type=int, help="events through the relay for the table size (default 1000000; --quick 100000)")
     ap.add_argument("--size-budget", type=float, default=240, help="seconds the table-size run may take at most (default 240)")
+    ap.add_argument("--lot-timeout", type=float, default=30, help="seconds one 10k lot may take to drain before the table-size run stops (default 30)")
+    ap.add_argument("--database-url", help="given to every leasectl invocation as --database-url (the script's own connections use the libpq defaults)")
     ap.add_argument("--http-workers", type=int, default=2, help="processes of the HTTP peer (default 2)")
     ap.add_argument("--quick", action="store_true", help="a smaller run, for trying the script")
+    ap.add_argument("-v", "--verbose", action="store_true", help="print every table-size lot")
     ap.add_argument("--only", default="throughput,latency,size", help="comma-separated parts to run")
     args = ap.parse_args()
     q = args.quick
@@ -741,6 +851,7 @@ def main():
     parts = set(args.only.split(","))
     if not Path(args.bin).is_file():
         die(f"{args.bin} not found; build it first: cargo build --release")
+    args.leasectl = [args.bin] + (["--database-url", args.database_url] if args.database_url else [])
     args.pgbench = real_binary("pgbench")
     if not args.pgbench:
         die("pgbench is not installed")
@@ -800,8 +911,13 @@ def main():
         floor1 = med(res["floor-1agg"].rates) if res["floor-1agg"].rates else float("nan")
         lines.append(f"| {res['floor'].label} | {floor / 1000:.1f}k rows/s | (reference) | |")
         lines.append(f"| {res['floor-1agg'].label} | {floor1 / 1000:.1f}k rows/s | (reference) | |")
+        refs = {k: med(res[k + "-ref"].rates) for k in ("amqp", "nats") if res.get(k + "-ref") and res[k + "-ref"].rates}
         for name, c in res.items():
             if c.kind == "floor":
+                continue
+            if c.kind.endswith("-ref"):
+                if c.rates:
+                    lines.append(f"| {c.label} | {med(c.rates) / 1000:.1f}k msgs/s | (broker reference) | |")
                 continue
             if not c.rates:
                 lines.append(f"| {c.label} | FAILED | | |")
@@ -816,6 +932,8 @@ def main():
                 goal = f"≥ {GOAL_STDOUT_VS_FLOOR} × floor — {verdict(r >= GOAL_STDOUT_VS_FLOOR)}"
             elif c.kind in ("amqp", "nats"):
                 goal = f"≥ {GOAL_BROKER_EPS // 1000}k/s — {verdict(rate >= GOAL_BROKER_EPS)}"
+                if c.kind in refs:
+                    goal += f" (relay/{c.kind}-ref = {rate / refs[c.kind]:.2f})"
             else:
                 goal = ""
             lines.append(f"| {c.label} | {rate / 1000:.1f}k events/s{extra} | relay/floor = **{r:.2f}** | {goal} |")
@@ -846,9 +964,9 @@ def main():
             f"| continuous relay peak RSS (latency runs) | {max(lat['hwm'], pol['hwm']):.1f} MiB; event line {lat['line']:.0f} bytes | | |"
         )
     if size:
-        f, l = size["first"], size["last"]
+        f, l = size["first"] or (0, 0, 0), size["last"]
         r = f[0] and l[0] / f[0]
-        what = f"{size['events'] // 1000}k events" + ("" if size["complete"] else " (stopped by --size-budget: the relay stalled)")
+        what = f"{size['events'] // 1000}k events" + ("" if size["complete"] else " (stopped: the relay stalled)")
         ok = size["complete"] and r <= GOAL_SIZE_RATIO
         lines.append(
             f"| outbox table + indexes after 10k → after {what} | "
