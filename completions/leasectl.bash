@@ -25,8 +25,17 @@ _leasectl() {
             leasectl,migrate)
                 cmd="leasectl__subcmd__migrate"
                 ;;
+            leasectl,outbox)
+                cmd="leasectl__subcmd__outbox"
+                ;;
             leasectl,output)
                 cmd="leasectl__subcmd__output"
+                ;;
+            leasectl,prune)
+                cmd="leasectl__subcmd__prune"
+                ;;
+            leasectl,relay)
+                cmd="leasectl__subcmd__relay"
                 ;;
             leasectl,release)
                 cmd="leasectl__subcmd__release"
@@ -49,8 +58,17 @@ _leasectl() {
             leasectl__subcmd__help,migrate)
                 cmd="leasectl__subcmd__help__subcmd__migrate"
                 ;;
+            leasectl__subcmd__help,outbox)
+                cmd="leasectl__subcmd__help__subcmd__outbox"
+                ;;
             leasectl__subcmd__help,output)
                 cmd="leasectl__subcmd__help__subcmd__output"
+                ;;
+            leasectl__subcmd__help,prune)
+                cmd="leasectl__subcmd__help__subcmd__prune"
+                ;;
+            leasectl__subcmd__help,relay)
+                cmd="leasectl__subcmd__help__subcmd__relay"
                 ;;
             leasectl__subcmd__help,release)
                 cmd="leasectl__subcmd__help__subcmd__release"
@@ -64,6 +82,39 @@ _leasectl() {
             leasectl__subcmd__help,status)
                 cmd="leasectl__subcmd__help__subcmd__status"
                 ;;
+            leasectl__subcmd__help__subcmd__outbox,discard)
+                cmd="leasectl__subcmd__help__subcmd__outbox__subcmd__discard"
+                ;;
+            leasectl__subcmd__help__subcmd__outbox,list)
+                cmd="leasectl__subcmd__help__subcmd__outbox__subcmd__list"
+                ;;
+            leasectl__subcmd__help__subcmd__outbox,retry)
+                cmd="leasectl__subcmd__help__subcmd__outbox__subcmd__retry"
+                ;;
+            leasectl__subcmd__outbox,discard)
+                cmd="leasectl__subcmd__outbox__subcmd__discard"
+                ;;
+            leasectl__subcmd__outbox,help)
+                cmd="leasectl__subcmd__outbox__subcmd__help"
+                ;;
+            leasectl__subcmd__outbox,list)
+                cmd="leasectl__subcmd__outbox__subcmd__list"
+                ;;
+            leasectl__subcmd__outbox,retry)
+                cmd="leasectl__subcmd__outbox__subcmd__retry"
+                ;;
+            leasectl__subcmd__outbox__subcmd__help,discard)
+                cmd="leasectl__subcmd__outbox__subcmd__help__subcmd__discard"
+                ;;
+            leasectl__subcmd__outbox__subcmd__help,help)
+                cmd="leasectl__subcmd__outbox__subcmd__help__subcmd__help"
+                ;;
+            leasectl__subcmd__outbox__subcmd__help,list)
+                cmd="leasectl__subcmd__outbox__subcmd__help__subcmd__list"
+                ;;
+            leasectl__subcmd__outbox__subcmd__help,retry)
+                cmd="leasectl__subcmd__outbox__subcmd__help__subcmd__retry"
+                ;;
             *)
                 ;;
         esac
@@ -71,7 +122,7 @@ _leasectl() {
 
     case "${cmd}" in
         leasectl)
-            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release migrate completions help"
+            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release relay outbox prune migrate completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -115,7 +166,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help)
-            opts="run status runs output release migrate completions help"
+            opts="run status runs output release relay outbox prune migrate completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -170,7 +221,91 @@ _leasectl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        leasectl__subcmd__help__subcmd__outbox)
+            opts="list retry discard"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__outbox__subcmd__discard)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__outbox__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__outbox__subcmd__retry)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         leasectl__subcmd__help__subcmd__output)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__prune)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__relay)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -262,6 +397,168 @@ _leasectl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        leasectl__subcmd__outbox)
+            opts="-v -h -V --database-url --schema --verbose --help --version list retry discard help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__discard)
+            opts="-v -h -V --force --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__help)
+            opts="list retry discard help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__help__subcmd__discard)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__help__subcmd__retry)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__list)
+            opts="-v -h -V --dead --limit --json --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__outbox__subcmd__retry)
+            opts="-v -h -V --all-dead --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         leasectl__subcmd__output)
             opts="-v -h -V --target --run --stderr --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -274,6 +571,78 @@ _leasectl() {
                     return 0
                     ;;
                 --run)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__prune)
+            opts="-v -h -V --older-than --dry-run --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --older-than)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__relay)
+            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --sink)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --poll)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-attempts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --parallel)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

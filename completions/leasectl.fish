@@ -34,6 +34,9 @@ complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "status" -d 'Show 
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "runs" -d 'List the recorded runs of a target, newest first'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -84,6 +87,58 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d '
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l sink -d 'Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch -d 'Events claimed per transaction' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l poll -d 'Fallback poll interval; new events wake the relay at once through NOTIFY' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l max-attempts -d 'Refusals before an event is dead (retries back off 1s, 2s, 4s … up to 5m)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l timeout -d 'How long one delivery may take: HTTP response, broker confirm, command run' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l parallel -d 'Aggregates published at once within a batch [default: 64; exec: 4; stdout: 1]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l once -d 'Deliver what is due now, then exit (for cron); events waiting out a retry are left'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -l limit -d 'At most N events' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -l dead -d 'Only dead events'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -l json -d 'One JSON document instead of a table'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -l all-dead -d 'Every dead event'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from retry" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -l force -d 'Discard it even though it is not dead (it is then never published)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from discard" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'
+complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l older-than -d 'Delete runs that finished more than DUR ago' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l dry-run -d 'Only count what would be deleted'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s V -l version -d 'Print version'
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s v -l verbose -d 'Log lease transitions and retries to stderr'
@@ -94,11 +149,17 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l schema
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "completions" -d 'Print shell completions'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release migrate completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "completions" -d 'Print shell completions'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'

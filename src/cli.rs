@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::sink::SinkSpec;
 use crate::config::{
     parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
 };
@@ -199,7 +198,7 @@ Sinks:
 
 Examples:
   leasectl relay --sink amqp://guest:guest@localhost/%2f
-  leasectl relay --sink nats://localhost:4222?subject=orders
+  leasectl relay --sink 'nats://localhost:4222?subject=orders'
   leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
   leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
 
@@ -225,8 +224,9 @@ Examples:
 #[derive(Debug, Args)]
 pub struct RelayArgs {
     /// Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…
-    #[arg(long, value_parser = SinkSpec::parse, value_name = "SINK")]
-    pub sink: SinkSpec,
+    // Parsed in `cmd::relay`, not by clap: clap's error would repeat the value, password and all.
+    #[arg(long, value_name = "SINK")]
+    pub sink: String,
     /// Events claimed per transaction
     #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch: i64,
@@ -250,10 +250,19 @@ pub struct RelayArgs {
 #[derive(Debug, Subcommand)]
 pub enum OutboxCommand {
     /// List undelivered events, oldest first, with their state and last error
+    #[command(
+        after_help = "States: pending, retrying (waiting out a backoff), scheduled (inserted for later),\nblocked (behind a dead or not yet due event of its aggregate), dead.\n\nExamples:\n  leasectl outbox list\n  leasectl outbox list --dead --json | jq -r '.events[].id'"
+    )]
     List(OutboxListArgs),
     /// Make an event (or every dead one) due now, with a fresh attempt budget
+    #[command(
+        after_help = "Exits 1 when no such event is in the outbox.\n\nExamples:\n  leasectl outbox retry 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11\n  leasectl outbox retry --all-dead"
+    )]
     Retry(OutboxRetryArgs),
     /// Delete a dead event, printing it as JSON on stdout so it is not lost
+    #[command(
+        after_help = "Exits 1 when no such event is in the outbox, or it is not dead and --force is missing.\n\nExample:\n  leasectl outbox discard 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11 >> discarded.jsonl"
+    )]
     Discard(OutboxDiscardArgs),
 }
 
@@ -273,7 +282,11 @@ pub struct OutboxListArgs {
 #[derive(Debug, Args)]
 pub struct OutboxRetryArgs {
     /// The event's id
-    #[arg(value_name = "ID", required_unless_present = "all_dead", conflicts_with = "all_dead")]
+    #[arg(
+        value_name = "ID",
+        required_unless_present = "all_dead",
+        conflicts_with = "all_dead"
+    )]
     pub id: Option<uuid::Uuid>,
     /// Every dead event
     #[arg(long)]
@@ -303,7 +316,9 @@ pub struct PruneArgs {
 fn parse_poll(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_millis(10) {
-        return Err(format!("'{s}' is too short for a poll interval (at least 10ms)"));
+        return Err(format!(
+            "'{s}' is too short for a poll interval (at least 10ms)"
+        ));
     }
     Ok(d)
 }

@@ -8,7 +8,7 @@
 //! the same statement. [`claim`] is one `DELETE … RETURNING` run inside the relay's transaction:
 //!
 //! 1. a window of the oldest events (`--batch` × 2) of aggregates that are not *blocked* — whose
-//!    head is not dead and not waiting out a retry (the `outbox_failed` partial index makes that
+//!    events are neither dead nor waiting out a retry (the `outbox_held` partial index makes that
 //!    one probe) — so a dead aggregate never holds up the others;
 //! 2. the first event of each aggregate in that window, kept only if no older event of the
 //!    aggregate exists, and locked `FOR UPDATE SKIP LOCKED`: a head another relay holds is
@@ -55,7 +55,8 @@ WITH win AS MATERIALIZED (
        -- an anti join over the whole table).
        AND (o.aggregate_type, o.aggregate_id) NOT IN (
             SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE b.attempts > 0 AND (b.dead_at IS NOT NULL OR b.next_attempt_at > now()))
+             WHERE (b.dead_at IS NOT NULL OR b.next_attempt_at > b.created_at)
+               AND (b.dead_at IS NOT NULL OR b.next_attempt_at > now()))
      ORDER BY o.seq
      LIMIT $2
 ), firsts AS (
@@ -321,7 +322,8 @@ pub async fn next_retry_in(client: &Client, schema: &Schema) -> Result<Option<Du
             &schema.sql(
                 "SELECT round(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8
                    FROM {s}.outbox
-                  WHERE attempts > 0 AND dead_at IS NULL",
+                  WHERE dead_at IS NULL AND next_attempt_at > created_at
+                    AND next_attempt_at > now()",
             ),
             &[],
         )
@@ -380,7 +382,8 @@ pub struct Listed {
     pub next_attempt_at: SystemTime,
     pub last_error: Option<String>,
     pub dead_at: Option<SystemTime>,
-    /// `pending`, `retrying`, `blocked` (behind a dead or retrying event) or `dead`.
+    /// `pending`, `retrying` (waiting out a backoff), `scheduled` (inserted with a future
+    /// `next_attempt_at`), `blocked` (behind a dead or not yet due event) or `dead`.
     pub state: &'static str,
 }
 
@@ -396,11 +399,13 @@ pub async fn list(
         "SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload, o.created_at,
                 o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
                 EXISTS (SELECT 1 FROM {s}.outbox b
-                         WHERE b.attempts > 0 AND b.seq < o.seq
+                         WHERE (b.dead_at IS NOT NULL OR b.next_attempt_at > b.created_at)
+                           AND b.seq < o.seq
                            AND b.aggregate_type = o.aggregate_type
                            AND b.aggregate_id = o.aggregate_id
                            AND (b.dead_at IS NOT NULL OR b.next_attempt_at > now())),
-                count(*) OVER ()
+                count(*) OVER (),
+                o.next_attempt_at > now()
            FROM {s}.outbox o
           WHERE NOT $1 OR o.dead_at IS NOT NULL
           ORDER BY o.seq
@@ -423,6 +428,8 @@ pub async fn list(
                 "blocked"
             } else if attempts > 0 {
                 "retrying"
+            } else if r.get::<_, bool>(13) {
+                "scheduled"
             } else {
                 "pending"
             };
@@ -499,14 +506,7 @@ pub async fn discard(
         .await
         .context("cannot discard the event")?;
     if let Some(r) = rows.first() {
-        let json = published_json(
-            &r.get(0),
-            r.get(1),
-            r.get(2),
-            r.get(3),
-            r.get(4),
-            r.get(5),
-        );
+        let json = published_json(&r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
         return Ok(Ok(Discarded {
             json,
             dead: r.get(6),
@@ -539,7 +539,7 @@ pub async fn prune_runs(
 ) -> Result<u64> {
     let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
     let candidates = "SELECT r.id FROM {s}.runs r
-                       WHERE r.finished_at < now() - $1 * interval '1 millisecond'
+                       WHERE r.finished_at < now() - $1::int8 * interval '1 millisecond'
                          AND EXISTS (SELECT 1 FROM {s}.runs n
                                       WHERE n.target = r.target AND n.finished_at > r.finished_at)";
     if dry_run {
@@ -576,13 +576,27 @@ mod tests {
     fn published_json_is_one_valid_line_with_spec_keys() {
         let id = uuid::Uuid::nil();
         let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
-        let s = published_json(&id, "order", "4\"2\n", "order.paid", r#"{"total": 1500}"#, t);
+        let s = published_json(
+            &id,
+            "order",
+            "4\"2\n",
+            "order.paid",
+            r#"{"total": 1500}"#,
+            t,
+        );
         assert!(!s.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["id", "aggregate_type", "aggregate_id", "type", "payload", "created_at"]
+            [
+                "id",
+                "aggregate_type",
+                "aggregate_id",
+                "type",
+                "payload",
+                "created_at"
+            ]
         );
         assert_eq!(v["aggregate_id"], "4\"2\n");
         assert_eq!(v["payload"]["total"], 1500);

@@ -34,9 +34,9 @@ use tokio::time::Instant;
 
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
+use crate::fmt;
 use crate::outbox::{self, Claimed, Settle, Statements};
 use crate::sink::{DeliveryError, Sink, SinkOptions, SinkSpec};
-use crate::fmt;
 
 /// First retry delay after a refused delivery; doubles per attempt up to [`RETRY_CAP`].
 const RETRY_BASE: Duration = Duration::from_secs(1);
@@ -44,6 +44,8 @@ const RETRY_CAP: Duration = Duration::from_secs(300);
 /// Backoff while the sink or the database is unreachable.
 const OUTAGE_BASE: Duration = Duration::from_secs(1);
 const OUTAGE_CAP: Duration = Duration::from_secs(30);
+/// While the sink stays down, the warning is repeated this often (services run without `-v`).
+const OUTAGE_REMINDER: Duration = Duration::from_secs(300);
 /// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
 /// minute, and a fast relay can churn through millions of rows in that time).
 const VACUUM_EVERY: u64 = 20_000;
@@ -123,9 +125,8 @@ struct BatchReport {
 
 impl Relay {
     async fn main_loop(&mut self, db: &mut Db, stop: &Stop) -> Result<Exit> {
-        let mut sink_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
+        let mut sink_outage = Outage::new(self.cfg.sink.describe());
         let mut db_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
-        let mut sink_down_since: Option<Instant> = None;
         loop {
             if stop.requested() {
                 return Ok(Exit::Code(0));
@@ -141,7 +142,10 @@ impl Relay {
                     if !db::is_unavailable(pg) || self.cfg.once {
                         return Err(e);
                     }
-                    warn!("lost the database connection ({}); reconnecting", db::reason(pg));
+                    warn!(
+                        "lost the database connection ({}); reconnecting",
+                        db::reason(pg)
+                    );
                     self.reconnect(db, stop, &mut db_outage).await?;
                     continue;
                 }
@@ -158,30 +162,14 @@ impl Relay {
                     ))
                     .into());
                 }
-                let delay = sink_outage.next();
-                if sink_down_since.is_none() {
-                    sink_down_since = Some(Instant::now());
-                    warn!(
-                        "{} is unavailable ({msg}); retrying with backoff, no event is charged an attempt",
-                        self.cfg.sink.describe()
-                    );
-                } else {
-                    info!("{} still unavailable ({msg}); next try in {}", self.cfg.sink.describe(), fmt::duration(delay));
-                }
+                let delay = sink_outage.down(&msg);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.wait() => return Ok(Exit::Code(0)),
                 }
                 continue;
             }
-            if let Some(since) = sink_down_since.take() {
-                warn!(
-                    "{} is reachable again after {}",
-                    self.cfg.sink.describe(),
-                    fmt::duration(since.elapsed())
-                );
-                sink_outage.reset();
-            }
+            sink_outage.up();
             if report.claimed > 0 {
                 continue;
             }
@@ -247,7 +235,10 @@ impl Relay {
             // In seq order; an aggregate that failed is skipped for the rest of the batch.
             let mut stopped: Vec<(&str, &str)> = Vec::new();
             for (i, c) in claimed.iter().enumerate() {
-                let key = (c.event.aggregate_type.as_str(), c.event.aggregate_id.as_str());
+                let key = (
+                    c.event.aggregate_type.as_str(),
+                    c.event.aggregate_id.as_str(),
+                );
                 if down.borrow().is_some() {
                     break;
                 }
@@ -425,9 +416,15 @@ impl Relay {
         let started = Instant::now();
         let sql = db.schema.sql("VACUUM (SKIP_LOCKED) {s}.outbox");
         match db.client.batch_execute(&sql).await {
-            Ok(()) => info!("vacuumed the outbox in {}", fmt::duration(started.elapsed())),
+            Ok(()) => info!(
+                "vacuumed the outbox in {}",
+                fmt::duration(started.elapsed())
+            ),
             Err(e) => {
-                info!("cannot vacuum the outbox ({}); leaving it to autovacuum", db::reason(&e));
+                info!(
+                    "cannot vacuum the outbox ({}); leaving it to autovacuum",
+                    db::reason(&e)
+                );
                 self.vacuum = false;
             }
         }
@@ -440,7 +437,10 @@ fn chains(claimed: &[Claimed]) -> Vec<Vec<usize>> {
     let mut index: HashMap<(&str, &str), usize> = HashMap::new();
     let mut chains: Vec<Vec<usize>> = Vec::new();
     for (i, c) in claimed.iter().enumerate() {
-        let key = (c.event.aggregate_type.as_str(), c.event.aggregate_id.as_str());
+        let key = (
+            c.event.aggregate_type.as_str(),
+            c.event.aggregate_id.as_str(),
+        );
         let n = *index.entry(key).or_insert_with(|| {
             chains.push(Vec::new());
             chains.len() - 1
@@ -459,6 +459,64 @@ pub fn retry_delay(attempt: i32, unit: f64) -> Duration {
         .saturating_mul(1u32 << doublings.min(20))
         .min(RETRY_CAP);
     base.mul_f64(0.8 + 0.4 * unit.clamp(0.0, 1.0))
+}
+
+/// A sink outage: backoff between tries, and a warning when it starts, every
+/// [`OUTAGE_REMINDER`] while it lasts, and when it ends (details with `-v`).
+struct Outage {
+    sink: String,
+    backoff: Backoff,
+    since: Option<Instant>,
+    warned: Option<Instant>,
+}
+
+impl Outage {
+    fn new(sink: String) -> Outage {
+        Outage {
+            sink,
+            backoff: Backoff::new(OUTAGE_BASE, OUTAGE_CAP),
+            since: None,
+            warned: None,
+        }
+    }
+
+    /// Records a failed try; returns how long to wait before the next one.
+    fn down(&mut self, msg: &str) -> Duration {
+        let delay = self.backoff.next();
+        let now = Instant::now();
+        let sink = &self.sink;
+        match self.since {
+            None => {
+                self.since = Some(now);
+                self.warned = Some(now);
+                warn!("{sink} is unavailable ({msg}); retrying with backoff, no event is charged an attempt");
+            }
+            Some(since) if self.warned.is_none_or(|w| w.elapsed() >= OUTAGE_REMINDER) => {
+                self.warned = Some(now);
+                warn!(
+                    "{sink} still unavailable after {} ({msg})",
+                    fmt::duration(since.elapsed())
+                );
+            }
+            Some(_) => info!(
+                "{sink} still unavailable ({msg}); next try in {}",
+                fmt::duration(delay)
+            ),
+        }
+        delay
+    }
+
+    /// Records a successful batch, ending any outage.
+    fn up(&mut self) {
+        if let Some(since) = self.since.take() {
+            warn!(
+                "{} is reachable again after {}",
+                self.sink,
+                fmt::duration(since.elapsed())
+            );
+            self.backoff.reset();
+        }
+    }
 }
 
 /// Exponential backoff with jitter for outages.
@@ -593,7 +651,11 @@ impl Progress {
 
     /// Refreshes the backlog figures (at most once a second, and only for the terminal line).
     async fn idle(&mut self, client: &tokio_postgres::Client, schema: &crate::db::Schema) {
-        if self.bar.is_none() || self.last_backlog.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        if self.bar.is_none()
+            || self
+                .last_backlog
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         self.last_backlog = Some(Instant::now());

@@ -337,7 +337,10 @@ impl Watchdog {
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()),
             0 => unsafe {
-                libc::setpgid(0, 0);
+                // No setpgid here: the parent creates the group right after fork. Were the
+                // child to do it too, a late-scheduled child could recreate the group after
+                // leasectl had already moved it out (`leave_group`), ending up back in the
+                // command's group — where "is anything left?" would then always say yes.
                 let own_pid = libc::getpid();
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
@@ -377,8 +380,8 @@ impl Watchdog {
             },
             pid => {
                 drop(read);
-                // Also set here, so the group exists before the command is spawned into it
-                // whichever of the two processes runs first (as shells do).
+                // The group exists before the command is spawned into it, whether or not the
+                // watchdog has run yet.
                 // SAFETY: plain setpgid(2) on our own child.
                 unsafe { libc::setpgid(pid, pid) };
                 Ok(Watchdog {

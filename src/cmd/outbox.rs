@@ -46,7 +46,11 @@ async fn list(db: &DbArgs, args: OutboxListArgs) -> Result<Exit> {
         return Ok(Exit::Code(0));
     }
     if events.is_empty() {
-        let what = if args.dead { "no dead events" } else { "the outbox is empty" };
+        let what = if args.dead {
+            "no dead events"
+        } else {
+            "the outbox is empty"
+        };
         super::print(format!("{what}\n").as_bytes())?;
         return Ok(Exit::Code(0));
     }
@@ -70,7 +74,9 @@ async fn list(db: &DbArgs, args: OutboxListArgs) -> Result<Exit> {
                 e.attempts.to_string(),
                 next,
                 ago(e.created_at),
-                e.last_error.as_deref().map_or("-".into(), |m| one_line(m, 60)),
+                e.last_error
+                    .as_deref()
+                    .map_or("-".into(), |m| one_line(m, 60)),
             ]
         })
         .collect();
@@ -134,7 +140,10 @@ async fn retry(db: &DbArgs, args: OutboxRetryArgs) -> Result<Exit> {
             Ok(Exit::Code(0))
         }
         (RetryWhich::AllDead, n) => {
-            eprintln!("leasectl: re-queued {n} dead event{}", if n == 1 { "" } else { "s" });
+            eprintln!(
+                "leasectl: re-queued {n} dead event{}",
+                if n == 1 { "" } else { "s" }
+            );
             Ok(Exit::Code(0))
         }
     }

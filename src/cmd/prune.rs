@@ -10,7 +10,11 @@ use crate::outbox;
 pub async fn run(db: &DbArgs, args: PruneArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
     let n = outbox::prune_runs(&db.client, &db.schema, args.older_than, args.dry_run).await?;
-    let verb = if args.dry_run { "would delete" } else { "deleted" };
+    let verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
     eprintln!(
         "leasectl: {verb} {n} run{} older than {} (each target keeps its newest run)",
         if n == 1 { "" } else { "s" },

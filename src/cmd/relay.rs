@@ -3,12 +3,14 @@
 use anyhow::Result;
 
 use crate::cli::{DbArgs, RelayArgs};
-use crate::exit::Exit;
+use crate::exit::{usage, Exit};
 use crate::relay::{self, RelayConfig};
+use crate::sink::SinkSpec;
 
 pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
+    let sink = SinkSpec::parse(&args.sink).map_err(|e| usage(format!("--sink: {e}")))?;
     let cfg = RelayConfig {
-        sink: args.sink,
+        sink,
         batch: args.batch,
         once: args.once,
         poll: args.poll,

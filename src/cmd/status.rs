@@ -7,6 +7,7 @@ use tokio_postgres::types::Type;
 use crate::cli::{DbArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::fmt;
+use crate::outbox;
 
 pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
@@ -34,22 +35,8 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
         .query_typed(&sql, &[(&args.target, Type::TEXT)])
         .await
         .context("cannot read the leases")?;
-    let backlog = db
-        .client
-        .query_typed(
-            &db.schema.sql(
-                "SELECT count(*) FILTER (WHERE dead_at IS NULL),
-                        count(*) FILTER (WHERE dead_at IS NOT NULL),
-                        round(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)) * 1000)::int8
-                   FROM {s}.outbox",
-            ),
-            &[],
-        )
-        .await
-        .context("cannot read the outbox backlog")?;
-    let pending: i64 = backlog[0].get(0);
-    let dead: i64 = backlog[0].get(1);
-    let oldest: Option<i64> = backlog[0].get(2);
+    let backlog = outbox::backlog(&db.client, &db.schema).await?;
+    let (pending, dead, oldest) = (backlog.pending, backlog.dead, backlog.oldest_pending_ms);
 
     if args.json {
         let targets: Vec<Value> = targets
@@ -79,7 +66,12 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
             .collect();
         let doc = json!({
             "targets": targets,
-            "outbox": { "pending": pending, "dead": dead, "oldest_pending_age_ms": oldest },
+            "outbox": {
+                "pending": pending,
+                "dead": dead,
+                "oldest_pending_age_ms": oldest,
+                "retrying": backlog.retrying,
+            },
         });
         super::print_json(&doc)?;
         return Ok(Exit::Code(0));
@@ -143,8 +135,12 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let oldest = oldest.map_or(String::new(), |ms| {
         format!(", oldest pending {} old", fmt::duration(fmt::millis(ms)))
     });
+    let retrying = match backlog.retrying {
+        0 => String::new(),
+        n => format!(" ({n} retrying)"),
+    };
     out.push_str(&format!(
-        "\noutbox: {pending} pending, {dead} dead{oldest}\n"
+        "\noutbox: {pending} pending{retrying}, {dead} dead{oldest}\n"
     ));
     super::print(out.as_bytes())?;
     Ok(Exit::Code(0))

@@ -1,7 +1,52 @@
-//! `--sink exec:COMMAND`: runs COMMAND once per event with the event JSON on stdin.
-//! (Skeleton: to be built.)
+//! `--sink exec:COMMAND`: runs COMMAND once per event with the event JSON on stdin; exit 0 means
+//! delivered.
+//!
+//! COMMAND is a shell command line, run as `/bin/sh -c COMMAND` (so quoting, pipes and
+//! `$VARIABLES` work as in a script). For each event:
+//!
+//! * stdin is the event's JSON followed by a newline, then end of file. A command that does not
+//!   read it is fine: a write that fails because the command closed its stdin (`EPIPE`) is
+//!   ignored, and the write is abandoned once the command has exited — only the exit status
+//!   decides;
+//! * the environment is leasectl's plus `LEASECTL_EVENT_ID`, `LEASECTL_EVENT_TYPE`,
+//!   `LEASECTL_AGGREGATE_TYPE` and `LEASECTL_AGGREGATE_ID`;
+//! * stdout and stderr are leasectl's own, so the operator sees what the command prints;
+//! * the command runs in a process group of its own, so that everything it started can be
+//!   stopped together: when it runs longer than `--timeout` the group gets SIGTERM, then SIGKILL
+//!   after [`KILL_GRACE`]. If the delivery is abandoned (the relay drops the future) the group
+//!   is killed at once; if leasectl itself dies, the command gets SIGKILL (`PR_SET_PDEATHSIG`;
+//!   this reaches the shell or the program it `exec`s, not processes it forked). After a
+//!   normal exit the group is left alone: what the command chose to leave running in the
+//!   background is its business (and the exit status has already decided the delivery).
+//!
+//! How outcomes are classified (see [`super::DeliveryError`]):
+//!
+//! * exit 0: delivered;
+//! * exit N, killed by a signal, or the timeout: **Rejected** — the command refused this event;
+//! * exit 126 or 127: **Unavailable**. The shell uses these for "found but not executable" and
+//!   "command not found": the sink is misconfigured, which is no fault of the event, so the
+//!   relay backs off without spending the event's attempts (and the operator sees the shell's
+//!   own message on stderr). A command must therefore not use 126 or 127 to reject an event;
+//! * `/bin/sh` cannot be started at all (fork fails, no shell): **Unavailable**.
+//!
+//! Events of different aggregates are delivered concurrently, so several commands may run at
+//! once (up to the sink's [`super::Sink::parallelism`]); the command must cope with that.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStdin, Command};
 
 use super::{DeliveryError, Event, SinkOptions};
+
+/// How long a timed-out command has between SIGTERM and SIGKILL.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// The shell that runs COMMAND.
+const SHELL: &str = "/bin/sh";
 
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -20,9 +65,7 @@ impl Spec {
 }
 
 pub struct Exec {
-    #[allow(dead_code)]
     spec: Spec,
-    #[allow(dead_code)]
     opts: SinkOptions,
 }
 
@@ -31,7 +74,204 @@ impl Exec {
         Exec { spec, opts }
     }
 
-    pub async fn deliver(&self, _event: &Event) -> Result<(), DeliveryError> {
-        Err(DeliveryError::Unavailable("the exec sink is not built yet".into()))
+    /// Runs the command for one event and classifies the outcome (see the module
+    /// documentation). Cancel-safe: dropping the future kills the command's process group.
+    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+        let mut running = self.spawn(event)?;
+        let mut input = Vec::with_capacity(event.json.len() + 1);
+        input.extend_from_slice(event.json.as_bytes());
+        input.push(b'\n');
+        let stdin = running.child.stdin.take();
+        let outcome = tokio::time::timeout(self.opts.timeout, async {
+            // Feed stdin while waiting for the exit, not before it: a command that never reads
+            // would otherwise block a large write forever. The write is dropped (closing the
+            // pipe) when it completes or when the command exits, whichever is first.
+            let feed = feed(stdin, input);
+            tokio::pin!(feed);
+            let mut fed = false;
+            loop {
+                tokio::select! {
+                    status = running.child.wait() => break status,
+                    () = &mut feed, if !fed => fed = true,
+                }
+            }
+        })
+        .await;
+        let status = match outcome {
+            Ok(Ok(status)) => status,
+            // wait(2) failing means the child is not ours to wait for: nothing sensible to do
+            // but report it; the group is killed on drop.
+            Ok(Err(e)) => {
+                return Err(DeliveryError::Rejected(format!(
+                    "cannot wait for the command: {e}"
+                )))
+            }
+            Err(_) => {
+                running.stop().await;
+                return Err(DeliveryError::Rejected(format!(
+                    "timed out after {}",
+                    humantime::format_duration(self.opts.timeout)
+                )));
+            }
+        };
+        running.exited = true;
+        self.classify(status)
+    }
+
+    fn spawn(&self, event: &Event) -> Result<Running, DeliveryError> {
+        let mut cmd = Command::new(SHELL);
+        cmd.arg("-c")
+            .arg(&self.spec.command)
+            .env("LEASECTL_EVENT_ID", event.id.to_string())
+            .env("LEASECTL_EVENT_TYPE", &event.event_type)
+            .env("LEASECTL_AGGREGATE_TYPE", &event.aggregate_type)
+            .env("LEASECTL_AGGREGATE_ID", &event.aggregate_id)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            // Belt and braces for the direct child; `Running`'s drop kills the whole group.
+            .kill_on_drop(true);
+        let parent = nix::unistd::getpid().as_raw();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // leasectl may have died between fork and prctl: then nobody would kill us.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            DeliveryError::Unavailable(format!("cannot run {SHELL} for the exec sink: {e}"))
+        })?;
+        let pid = child.id().expect("a just-spawned child has a pid");
+        Ok(Running {
+            child,
+            pgid: Pid::from_raw(pid as i32),
+            exited: false,
+        })
+    }
+
+    fn classify(&self, status: ExitStatus) -> Result<(), DeliveryError> {
+        match (status.code(), status.signal()) {
+            (Some(0), _) => Ok(()),
+            (Some(code @ (126 | 127)), _) => Err(DeliveryError::Unavailable(format!(
+                "{} (exit status {code} from the shell): exec:{}",
+                if code == 127 {
+                    "command not found"
+                } else {
+                    "command not executable"
+                },
+                self.spec.command
+            ))),
+            (Some(code), _) => Err(DeliveryError::Rejected(format!(
+                "exited with status {code}"
+            ))),
+            (None, Some(sig)) => Err(DeliveryError::Rejected(format!(
+                "killed by signal {}",
+                Signal::try_from(sig).map_or_else(|_| sig.to_string(), |s| s.as_str().to_owned())
+            ))),
+            (None, None) => Err(DeliveryError::Rejected(format!("ended with {status}"))),
+        }
+    }
+}
+
+/// Writes the event to the command's stdin and closes it; errors (the command closed its end,
+/// typically `EPIPE`) are ignored: the exit status decides.
+async fn feed(stdin: Option<ChildStdin>, input: Vec<u8>) {
+    if let Some(mut stdin) = stdin {
+        let _ = stdin.write_all(&input).await;
+        // Dropping `stdin` closes the pipe: the command reads end of file.
+    }
+}
+
+/// A command in flight. Until it is known to have exited, dropping this kills its whole
+/// process group (the relay gave up on the delivery).
+struct Running {
+    child: Child,
+    /// The command's process group: the shell leads it.
+    pgid: Pid,
+    /// The shell has been waited for; from here its pid (= the group id) may be reused, so the
+    /// group must no longer be signalled blindly.
+    exited: bool,
+}
+
+impl Running {
+    /// The timeout: SIGTERM to the group, SIGKILL once [`KILL_GRACE`] has passed with anything
+    /// of the group still alive, and the shell reaped.
+    async fn stop(&mut self) {
+        let _ = killpg(self.pgid, Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + KILL_GRACE;
+        let _ = tokio::time::timeout_at(deadline, self.child.wait()).await;
+        // The shell may be gone while something it started ignores SIGTERM. The group id stays
+        // reserved while any member lives, so checking and signalling it is safe here.
+        while group_alive(self.pgid) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        let _ = self.child.wait().await;
+        self.exited = true;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.exited {
+            // The shell has not been reaped (at worst it is a zombie), so the group id is still
+            // ours. Runs before `child` is dropped, whose kill_on_drop then reaps the shell.
+            let _ = killpg(self.pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// Whether any live process remains in the group. Zombies do not count: a grandchild that
+/// died after the shell is reparented to init, and some inits (in containers) never reap it;
+/// it still counts as a group member for `kill`, but there is nothing left to stop.
+fn group_alive(pgid: Pid) -> bool {
+    if killpg(pgid, None).is_err() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name();
+        if !name
+            .to_str()
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp …"; comm may contain anything, so split after its ')'.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, r)| r)
+            .split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        state != Some("Z") && pgrp == Some(pgid.as_raw())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn needs_a_command() {
+        assert!(Spec::parse("").is_err());
+        assert!(Spec::parse("  \t").is_err());
+        assert_eq!(
+            Spec::parse("./publish.sh --to 'a b'").unwrap().command,
+            "./publish.sh --to 'a b'"
+        );
     }
 }

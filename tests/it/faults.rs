@@ -211,3 +211,48 @@ fn tls_is_used_when_required_and_an_unverifiable_certificate_is_refused() {
         .unwrap();
     assert_one_line_error(&refused, 69, "certificate");
 }
+
+#[test]
+fn a_relay_whose_connection_is_cut_reconnects_and_keeps_delivering() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["migrate"])), 0);
+    let named = Named::new(&env, "relay");
+    let out = env.path("out.jsonl");
+    let child = named
+        .command(&env)
+        .args(["-v", "relay", "--sink", "stdout", "--poll", "1h"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let relay = Watched::new(child);
+    relay.wait_for_stderr("relaying schema");
+    let insert = |n: i32| {
+        env.sql(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+             VALUES ('order', '1', 'order.paid', '{{\"n\": {n}}}')"
+        ));
+    };
+    insert(1);
+    let lines = || {
+        std::fs::read_to_string(&out)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    wait_for("the first event", || lines() == 1);
+    named.cut(&env);
+    insert(2);
+    relay.wait_for_stderr("reconnected to the database");
+    insert(3);
+    wait_for("the events inserted around the cut", || lines() == 3);
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("lost the database connection"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
+}

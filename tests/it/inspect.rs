@@ -188,7 +188,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     // Put the schema back to what a version-1 leasectl left behind.
     env.sql(
         "DELETE FROM schema_migrations WHERE version = 2;
-         DROP INDEX outbox_failed; DROP INDEX runs_finished;
+         DROP INDEX outbox_held; DROP INDEX runs_finished;
          ALTER TABLE outbox RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
                                    autovacuum_vacuum_cost_delay);",
     );
@@ -200,7 +200,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     );
     assert_eq!(
         env.scalar(&format!(
-            "SELECT count(*) FROM pg_indexes WHERE schemaname = '{}' AND indexname = 'outbox_failed'",
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = '{}' AND indexname = 'outbox_held'",
             env.schema
         )),
         "1"

@@ -1,13 +1,18 @@
-//! One integration-test binary (faster to build than one per file). Every test talks to a real
-//! PostgreSQL, in a schema of its own; see `common.rs`.
+//! One integration-test binary (faster to build than one per file). Tests of leasectl talk to a
+//! real PostgreSQL, in a schema of their own (see `common.rs`); the sink tests talk to the real
+//! RabbitMQ and NATS on this machine, and to an HTTP peer they start themselves.
 
 mod common;
 
 mod cli;
 mod completions;
+mod events;
 mod faults;
 mod inspect;
 mod lease;
+mod relay;
+mod relay_sinks;
 mod singleflight;
 mod sink_brokers;
+mod sink_local;
 mod supervise;

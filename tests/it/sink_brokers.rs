@@ -16,7 +16,7 @@ use lapin::options::{
     BasicConsumeOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use leasectl::sink::amqp::{self, Amqp};
 use leasectl::sink::nats::{self, Nats};
@@ -24,12 +24,12 @@ use leasectl::sink::{DeliveryError, Event, Sink, SinkOptions, SinkSpec};
 
 use crate::common::PATIENCE;
 
-fn amqp_url() -> String {
+pub(crate) fn amqp_url() -> String {
     std::env::var("LEASECTL_TEST_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
-fn nats_url() -> String {
+pub(crate) fn nats_url() -> String {
     std::env::var("LEASECTL_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
 }
 
@@ -43,7 +43,7 @@ fn run<F: Future>(f: F) -> F::Output {
 }
 
 /// A name no other test (or run) uses: `prefix` plus 12 hex digits.
-fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     format!(
         "{prefix}{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -179,7 +179,7 @@ where
 // AMQP
 
 /// The test's own connection and channel to RabbitMQ, for declaring and consuming.
-async fn rabbit() -> (Connection, lapin::Channel) {
+pub(crate) async fn rabbit() -> (Connection, lapin::Channel) {
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
         .expect("cannot reach RabbitMQ for tests (LEASECTL_TEST_AMQP_URL)");
@@ -210,11 +210,33 @@ async fn declare_exchange(channel: &lapin::Channel, exchange: &str) {
 
 /// Declares `exchange` as the sink would and an exclusive queue bound to it with `binding`;
 /// returns a consumer of that queue.
-async fn bound_consumer(
+pub(crate) async fn bound_consumer(
     channel: &lapin::Channel,
     exchange: &str,
     binding: &str,
 ) -> lapin::Consumer {
+    let queue = bound_queue(channel, exchange, binding).await;
+    channel
+        .basic_consume(
+            queue,
+            "".into(),
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap()
+}
+
+/// Declares `exchange` as the sink would and an exclusive queue (deleted with the channel's
+/// connection) bound to it with `binding`; returns the queue's name.
+pub(crate) async fn bound_queue(
+    channel: &lapin::Channel,
+    exchange: &str,
+    binding: &str,
+) -> ShortString {
     declare_exchange(channel, exchange).await;
     let queue = channel
         .queue_declare(
@@ -238,21 +260,10 @@ async fn bound_consumer(
         )
         .await
         .unwrap();
-    channel
-        .basic_consume(
-            queue.name().clone(),
-            "".into(),
-            BasicConsumeOptions {
-                no_ack: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap()
+    queue.name().clone()
 }
 
-async fn delete_exchange(channel: &lapin::Channel, exchange: &str) {
+pub(crate) async fn delete_exchange(channel: &lapin::Channel, exchange: &str) {
     channel
         .exchange_delete(exchange.into(), ExchangeDeleteOptions::default())
         .await
@@ -566,7 +577,7 @@ fn amqp_lost_connection_is_unavailable_then_reconnects() {
 // ---------------------------------------------------------------------------------------------
 // NATS
 
-async fn jetstream() -> async_nats::jetstream::Context {
+pub(crate) async fn jetstream() -> async_nats::jetstream::Context {
     let client = async_nats::connect(nats_url())
         .await
         .expect("cannot reach NATS for tests (LEASECTL_TEST_NATS_URL)");
@@ -580,7 +591,7 @@ fn nats_sink(subject: &str, stream: &str) -> Nats {
 }
 
 /// Every message of `stream`, in stream order.
-async fn stream_messages(
+pub(crate) async fn stream_messages(
     js: &async_nats::jetstream::Context,
     stream: &str,
 ) -> Vec<async_nats::jetstream::message::StreamMessage> {
@@ -597,7 +608,7 @@ async fn stream_messages(
     out
 }
 
-fn msg_id(m: &async_nats::jetstream::message::StreamMessage) -> String {
+pub(crate) fn msg_id(m: &async_nats::jetstream::message::StreamMessage) -> String {
     m.headers
         .get("Nats-Msg-Id")
         .map(|v| v.as_str().to_owned())

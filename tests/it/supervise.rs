@@ -412,3 +412,16 @@ fn a_left_behind_process_that_ignores_sigterm_is_killed_after_the_grace() {
         .unwrap();
     wait_for("the left-behind process to be killed", || !alive(bg));
 }
+
+#[test]
+fn quick_commands_never_find_the_watchdog_left_in_their_group() {
+    // Regression: a watchdog scheduled late used to put itself back into the command's group
+    // after leasectl had moved it out, so a run of `true` warned about left-behind processes
+    // and waited out --kill-after (10s) for nothing. A race, so try it many times.
+    let env = Env::new();
+    for i in 0..30 {
+        let o = env.run(&["run", "--no-event", "--target", "quick", "--", "true"]);
+        assert_eq!(code(&o), 0, "run {i}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "run {i}");
+    }
+}

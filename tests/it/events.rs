@@ -1,0 +1,156 @@
+//! Outbox helpers shared by the relay tests: a migrated schema, events inserted the way an
+//! application would, and checks on what a sink received (SPEC's published form, the same set
+//! of ids, per-aggregate order).
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// A test environment whose schema exists already, so SQL can run before leasectl does.
+pub(crate) fn migrated() -> Env {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    env
+}
+
+/// Inserts `n` events numbered `first…` (payload `{"n": g}`) over `aggregates` aggregates
+/// ('order', '0'…), cycling through three event types, in one transaction from another
+/// connection, like an application would.
+pub(crate) fn insert_events(env: &Env, n: usize, aggregates: usize, first: usize) {
+    env.sql(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', (g % {aggregates})::text,
+                (ARRAY['order.created', 'order.paid', 'order.shipped'])[g % 3 + 1],
+                jsonb_build_object('n', g)
+           FROM generate_series({first}, {}) g",
+        first + n - 1
+    ));
+}
+
+/// One outbox row, as the published form must show it.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: Value,
+    pub created_at: String,
+}
+
+/// The outbox's rows in `seq` order.
+pub(crate) fn snapshot(env: &Env) -> Vec<Row> {
+    env.sql(
+        "SELECT id::text, aggregate_type, aggregate_id, type, payload::text, rfc3339(created_at)
+           FROM outbox ORDER BY seq",
+    )
+    .into_iter()
+    .map(|r| {
+        let r: Vec<String> = r.into_iter().map(Option::unwrap).collect();
+        Row {
+            id: r[0].clone(),
+            aggregate_type: r[1].clone(),
+            aggregate_id: r[2].clone(),
+            event_type: r[3].clone(),
+            payload: serde_json::from_str(&r[4]).unwrap(),
+            created_at: r[5].clone(),
+        }
+    })
+    .collect()
+}
+
+pub(crate) fn by_id(rows: &[Row]) -> HashMap<String, Row> {
+    rows.iter().map(|r| (r.id.clone(), r.clone())).collect()
+}
+
+pub(crate) fn outbox_ids(env: &Env) -> HashSet<String> {
+    env.sql("SELECT id::text FROM outbox")
+        .into_iter()
+        .map(|r| r[0].clone().unwrap())
+        .collect()
+}
+
+pub(crate) fn outbox_count(env: &Env) -> usize {
+    env.scalar("SELECT count(*) FROM outbox").parse().unwrap()
+}
+
+/// `leasectl outbox list [--dead] --json`, parsed.
+pub(crate) fn outbox_list(env: &Env, dead: bool) -> Value {
+    let mut args = vec!["outbox", "list", "--json"];
+    if dead {
+        args.push("--dead");
+    }
+    let o = env.run(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// Checks that `body` is SPEC's published form of one of `rows` (keys in SPEC's order, values
+/// those of the row) and returns it parsed.
+pub(crate) fn assert_published_form(body: &[u8], rows: &HashMap<String, Row>) -> Value {
+    let text = std::str::from_utf8(body).expect("UTF-8 body");
+    assert!(!text.contains('\n'), "one line: {text:?}");
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+    let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "type",
+            "payload",
+            "created_at"
+        ],
+        "{text}"
+    );
+    let id = v["id"].as_str().unwrap();
+    let row = rows
+        .get(id)
+        .unwrap_or_else(|| panic!("published an event that is not in the outbox: {text}"));
+    assert_eq!(v["aggregate_type"], row.aggregate_type.as_str());
+    assert_eq!(v["aggregate_id"], row.aggregate_id.as_str());
+    assert_eq!(v["type"], row.event_type.as_str());
+    assert_eq!(v["payload"], row.payload);
+    assert_eq!(v["created_at"], row.created_at.as_str());
+    v
+}
+
+/// Asserts `got` and `expected` hold the same ids; says how they differ without listing
+/// thousands of them.
+pub(crate) fn assert_same_ids<'a>(
+    got: impl IntoIterator<Item = &'a String>,
+    expected: &HashSet<String>,
+    what: &str,
+) {
+    let got: HashSet<&String> = got.into_iter().collect();
+    let expected: HashSet<&String> = expected.iter().collect();
+    let missing: Vec<_> = expected.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&expected).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "{what}: {} missing (say {:?}), {} unexpected (say {:?})",
+        missing.len(),
+        &missing[..missing.len().min(3)],
+        extra.len(),
+        &extra[..extra.len().min(3)],
+    );
+}
+
+/// Asserts every aggregate's events appear in increasing `payload.n` order.
+pub(crate) fn assert_per_aggregate_order<'a>(events: impl IntoIterator<Item = &'a Value>) {
+    let mut last: HashMap<String, i64> = HashMap::new();
+    for e in events {
+        let agg = format!("{}/{}", e["aggregate_type"], e["aggregate_id"]);
+        let n = e["payload"]["n"].as_i64().unwrap();
+        if let Some(prev) = last.insert(agg.clone(), n) {
+            assert!(
+                prev < n,
+                "aggregate {agg}: event {n} published after {prev}"
+            );
+        }
+    }
+}

@@ -1,0 +1,620 @@
+//! `leasectl relay` end to end with the stdout sink, and the outbox operator commands.
+//!
+//! The receiver is a file the relays append to (O_APPEND, one `write` per batch), so its line
+//! order is the order in which events were published, even with several relays writing to it.
+
+use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::path::Path;
+use std::process::{Child, Stdio};
+
+use serde_json::Value;
+
+use crate::common::*;
+use crate::events::*;
+
+/// A relay whose stdout appends to `out`.
+fn spawn_relay(env: &Env, out: &Path, args: &[&str]) -> Watched {
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out)
+        .unwrap();
+    let child = env
+        .command()
+        .arg("-v")
+        .arg("relay")
+        .args(args)
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Watched::new(child)
+}
+
+fn read_events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")))
+        .collect()
+}
+
+fn line_count(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+fn ids(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn once_drains_20k_events_to_stdout_each_exactly_once_in_aggregate_order() {
+    let env = migrated();
+    insert_events(&env, 20_000, 37, 1);
+    let expected = outbox_ids(&env);
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o),
+        "",
+        "no progress line or chatter when stderr is not a terminal"
+    );
+    let events: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 20_000);
+    let got: HashSet<String> = ids(&events).into_iter().collect();
+    assert_eq!(got.len(), 20_000, "an event was published twice");
+    assert_eq!(got, expected);
+    assert_per_aggregate_order(&events);
+    assert_eq!(outbox_count(&env), 0, "delivered events must be deleted");
+}
+
+#[test]
+fn the_published_form_is_spec_json_for_application_and_run_events() {
+    let env = migrated();
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         VALUES ('order', '42', 'order.paid', '{\"total\": 1500, \"note\": \"a\\nb\"}')",
+    );
+    assert_eq!(code(&env.run(&["run", "--target", "t1", "--", "true"])), 0);
+    let rows = by_id(&snapshot(&env));
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    // Keys in SPEC's order, values those of the rows, one line each.
+    let app = assert_published_form(lines[0].as_bytes(), &rows);
+    assert_eq!(app["aggregate_id"], "42");
+    assert_eq!(
+        app["payload"],
+        serde_json::json!({"total": 1500, "note": "a\nb"})
+    );
+
+    let run = assert_published_form(lines[1].as_bytes(), &rows);
+    assert_eq!(run["aggregate_type"], "leasectl.target");
+    assert_eq!(run["aggregate_id"], "t1");
+    assert_eq!(run["type"], "leasectl.run.finished");
+    for key in [
+        "run_id",
+        "target",
+        "fence",
+        "exit_code",
+        "started_at",
+        "finished_at",
+        "host",
+    ] {
+        assert!(
+            run["payload"].get(key).is_some(),
+            "payload lacks {key}: {run}"
+        );
+    }
+}
+
+#[test]
+fn a_running_relay_is_woken_by_notify_long_before_its_poll() {
+    let env = migrated();
+    let out = env.path("out.jsonl");
+    // An hour's poll: only the NOTIFY can explain a prompt delivery.
+    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--poll", "1h"]);
+    relay.wait_for_stderr("relaying schema");
+    for round in 0..3 {
+        insert_events(&env, 1, 1, round + 1);
+        wait_for("the event to be published", || {
+            line_count(&out) == round + 1
+        });
+    }
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_per_aggregate_order(&read_events(&out));
+}
+
+#[test]
+fn an_event_whose_notify_was_missed_is_found_by_polling() {
+    let env = migrated();
+    let out = env.path("out.jsonl");
+    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--poll", "200ms"]);
+    relay.wait_for_stderr("relaying schema");
+    // The trigger skips its NOTIFY when this setting is on in the inserting transaction.
+    env.sql(
+        "BEGIN;
+         SET LOCAL leasectl.outbox_notified = 'on';
+         INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         VALUES ('order', '1', 'order.paid', '{\"n\": 1}');
+         COMMIT;",
+    );
+    wait_for("the polled event", || line_count(&out) == 1);
+    kill(relay.child.id(), libc::SIGINT);
+    assert_eq!(
+        code(&relay.finish()),
+        0,
+        "SIGINT, like SIGTERM, is a clean stop"
+    );
+}
+
+#[test]
+fn three_relays_at_once_deliver_everything_once_in_aggregate_order() {
+    let env = migrated();
+    let out = env.path("out.jsonl");
+    // Few aggregates and small batches, so the relays fight over the same aggregates.
+    insert_events(&env, 3_000, 5, 1);
+    let relays: Vec<Watched> = (0..3)
+        .map(|_| {
+            spawn_relay(
+                &env,
+                &out,
+                &["--sink", "stdout", "--batch", "7", "--poll", "100ms"],
+            )
+        })
+        .collect();
+    // More events while they run, from other connections, one transaction at a time.
+    let mut next = 3_001;
+    for _ in 0..20 {
+        insert_events(&env, 100, 5, next);
+        next += 100;
+    }
+    let total = next - 1;
+    wait_for("every event to be published", || line_count(&out) >= total);
+    for r in &relays {
+        kill(r.child.id(), libc::SIGTERM);
+    }
+    for r in relays {
+        let o = r.finish();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    let events = read_events(&out);
+    let unique: HashSet<String> = ids(&events).into_iter().collect();
+    assert_eq!(events.len(), total, "duplicates in steady state");
+    assert_eq!(unique.len(), total);
+    assert_per_aggregate_order(&events);
+    assert_eq!(outbox_count(&env), 0);
+}
+
+#[test]
+fn sigterm_finishes_the_batch_in_hand_and_exits_0_losing_nothing() {
+    let env = migrated();
+    insert_events(&env, 20_000, 10, 1);
+    let all = outbox_ids(&env);
+    let out = env.path("out.jsonl");
+    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "20"]);
+    wait_for("some events to be published", || line_count(&out) > 100);
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let published = ids(&read_events(&out));
+    let left = outbox_ids(&env);
+    assert!(!left.is_empty(), "the relay should have stopped early");
+    // Nothing lost and nothing published twice: what is left is exactly what was not published.
+    assert_eq!(published.len() + left.len(), all.len());
+    let mut union: HashSet<String> = published.into_iter().collect();
+    union.extend(left);
+    assert_eq!(union, all);
+}
+
+#[test]
+fn a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest() {
+    let env = migrated();
+    insert_events(&env, 20_000, 10, 1);
+    let all = outbox_ids(&env);
+    let out = env.path("out.jsonl");
+    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "50"]);
+    wait_for("some events to be published", || line_count(&out) > 500);
+    kill(relay.child.id(), libc::SIGKILL);
+    let _ = relay.finish();
+    let before = line_count(&out);
+    let o = env
+        .command()
+        .args(["relay", "--once", "--sink", "stdout"])
+        .stdout(Stdio::from(
+            OpenOptions::new().append(true).open(&out).unwrap(),
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let events = read_events(&out);
+    let got: HashSet<String> = ids(&events).into_iter().collect();
+    assert_eq!(got, all, "an event was lost");
+    let duplicates = events.len() - got.len();
+    // At most the one batch in flight can be published twice.
+    assert!(
+        duplicates <= 50,
+        "{duplicates} duplicates (killed after {before} lines)"
+    );
+    assert_eq!(outbox_count(&env), 0);
+    // Each aggregate's order holds in the second run, and across the two: a redelivered event
+    // appears again, but never one after its successor's first appearance… unless it was the
+    // batch in flight, which is replayed whole, in order.
+    let mut seen = HashSet::new();
+    let firsts: Vec<Value> = events
+        .into_iter()
+        .filter(|e| seen.insert(e["id"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_per_aggregate_order(&firsts);
+}
+
+#[test]
+fn a_dead_event_blocks_only_its_own_aggregate_until_retried() {
+    let env = migrated();
+    insert_events(&env, 30, 3, 1); // aggregates '0', '1', '2'
+                                   // Kill aggregate '1''s oldest event as the relay would after --max-attempts.
+    env.sql(
+        "UPDATE outbox SET attempts = 10, dead_at = now(), last_error = 'HTTP 500: boom'
+          WHERE seq = (SELECT min(seq) FROM outbox WHERE aggregate_id = '1')",
+    );
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let events: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 20, "every other aggregate is delivered");
+    assert!(events.iter().all(|e| e["aggregate_id"] != "1"));
+    assert_eq!(
+        outbox_count(&env),
+        10,
+        "aggregate 1 waits behind its dead event"
+    );
+
+    let listed = env.run(&["outbox", "list", "--json"]);
+    let doc: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(doc["total"], 10);
+    let states: Vec<&str> = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states[0], "dead");
+    assert!(states[1..].iter().all(|s| *s == "blocked"), "{states:?}");
+    assert_eq!(doc["events"][0]["last_error"], "HTTP 500: boom");
+    assert_eq!(doc["events"][0]["attempts"], 10);
+    let dead_id = doc["events"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(env.status()["outbox"]["dead"], 1);
+
+    let o = env.run(&["outbox", "retry", &dead_id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    let events: Vec<Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 10);
+    assert_eq!(
+        events[0]["id"],
+        dead_id.as_str(),
+        "the re-queued event goes first"
+    );
+    assert_per_aggregate_order(&events);
+    assert_eq!(outbox_count(&env), 0);
+}
+
+#[test]
+fn an_event_waiting_out_a_retry_is_left_by_once_and_blocks_its_aggregate() {
+    let env = migrated();
+    insert_events(&env, 4, 2, 1);
+    env.sql(
+        "UPDATE outbox SET attempts = 1, next_attempt_at = now() + interval '1 hour',
+                last_error = 'nack'
+          WHERE seq = (SELECT min(seq) FROM outbox WHERE aggregate_id = '0')",
+    );
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    let events: Vec<&str> = text.lines().collect();
+    assert_eq!(events.len(), 2, "only aggregate 1: {events:?}");
+    let status = env.status();
+    assert_eq!(status["outbox"]["pending"], 2);
+    assert_eq!(status["outbox"]["dead"], 0);
+    let listed = env.run(&["outbox", "list"]);
+    let table = stdout(&listed);
+    assert!(
+        table.contains("retrying") && table.contains("in 59m5"),
+        "{table}"
+    );
+}
+
+#[test]
+fn outbox_retry_all_dead_and_discard() {
+    let env = migrated();
+    insert_events(&env, 3, 3, 1);
+    env.sql("UPDATE outbox SET attempts = 10, dead_at = now(), last_error = 'x' WHERE aggregate_id <> '2'");
+    let o = env.run(&["outbox", "list", "--dead", "--json"]);
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["total"], 2);
+    let ids: Vec<String> = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    let live = env.scalar("SELECT id FROM outbox WHERE aggregate_id = '2'");
+
+    // Discarding a live event needs --force; a dead one is printed so it is not lost.
+    let o = env.run(&["outbox", "discard", &live]);
+    assert_one_line_error(&o, 1, "is not dead");
+    let o = env.run(&["outbox", "discard", &ids[0]]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let printed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(printed["id"], ids[0].as_str());
+    assert_eq!(printed["payload"]["n"], 1);
+    let o = env.run(&["outbox", "discard", &ids[0]]);
+    assert_one_line_error(&o, 1, "no event");
+
+    let o = env.run(&["outbox", "retry", "--all-dead"]);
+    assert_eq!(code(&o), 0);
+    assert!(
+        stderr(&o).contains("re-queued 1 dead event"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL OR attempts > 0"),
+        "0"
+    );
+    let o = env.run(&["outbox", "retry", "00000000-0000-0000-0000-000000000000"]);
+    assert_one_line_error(&o, 1, "no event");
+    let o = env.run(&["outbox", "discard", "--force", &live]);
+    assert_eq!(code(&o), 0);
+    assert_eq!(outbox_count(&env), 1);
+}
+
+#[test]
+fn prune_deletes_old_runs_but_keeps_each_targets_newest() {
+    let env = migrated();
+    for target in ["a", "a", "a", "b"] {
+        assert_eq!(
+            code(&env.run(&["run", "--no-event", "--target", target, "--", "true"])),
+            0
+        );
+    }
+    env.sql("UPDATE runs SET finished_at = finished_at - interval '2 days', started_at = started_at - interval '2 days'");
+    assert_eq!(
+        code(&env.run(&["run", "--no-event", "--target", "c", "--", "true"])),
+        0
+    );
+    let o = env.run(&["prune", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(code(&o), 0);
+    assert!(stderr(&o).contains("would delete 2 runs"), "{}", stderr(&o));
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "5");
+    let o = env.run(&["prune", "--older-than", "1d"]);
+    assert_eq!(code(&o), 0);
+    assert!(stderr(&o).contains("deleted 2 runs"), "{}", stderr(&o));
+    assert_eq!(
+        env.scalar("SELECT string_agg(target, ',' ORDER BY target) FROM runs"),
+        "a,b,c"
+    );
+    // The newest run of 'a' is the one kept.
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM runs WHERE target = 'a' AND fence = 3"),
+        "1"
+    );
+}
+
+#[test]
+fn bad_relay_and_outbox_arguments_are_usage_errors() {
+    let env = migrated();
+    for (args, needle) in [
+        (
+            vec!["relay", "--sink", "kafka://u:secret@h"],
+            "unknown sink",
+        ),
+        (vec!["relay"], "--sink"),
+        (vec!["relay", "--sink", "stdout", "--batch", "0"], "--batch"),
+        (
+            vec!["relay", "--sink", "stdout", "--poll", "1ms"],
+            "too short",
+        ),
+        (
+            vec!["relay", "--sink", "stdout", "--max-attempts", "0"],
+            "--max-attempts",
+        ),
+        (vec!["relay", "--sink", "exec:"], "needs a command"),
+        (vec!["outbox", "retry"], "ID"),
+        (vec!["outbox", "retry", "not-a-uuid"], "ID"),
+        (vec!["outbox", "discard"], "ID"),
+        (vec!["prune"], "--older-than"),
+        (vec!["prune", "--older-than", "soon"], "soon"),
+    ] {
+        let o = env.run(&args);
+        assert_one_line_error(&o, 2, needle);
+        assert!(!stderr(&o).contains("secret"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn a_relay_without_its_database_exits_69_with_one_line() {
+    let env = migrated();
+    let o = env
+        .command_at("host=127.0.0.1 port=1 user=nobody dbname=x connect_timeout=2")
+        .args(["relay", "--sink", "stdout"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&o, 69, "cannot connect");
+}
+
+#[test]
+fn a_relay_whose_stdout_is_closed_exits_69_and_keeps_the_events() {
+    let env = migrated();
+    insert_events(&env, 10, 2, 1);
+    let mut child: Child = env
+        .command()
+        .args(["relay", "--once", "--sink", "stdout"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader went away: EPIPE
+    let o = finish(child);
+    assert_one_line_error(&o, 69, "stdout");
+    assert_eq!(outbox_count(&env), 10, "nothing may be marked delivered");
+}
+
+#[test]
+fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
+    let env = migrated();
+    insert_events(&env, 500, 5, 1);
+    let out = env.path("out.jsonl");
+    let pid_file = env.path("pid");
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let line = format!(
+        "echo $$ > {}; exec {} --database-url {} --schema {} relay --sink stdout > {}",
+        quote(pid_file.to_str().unwrap()),
+        quote(bin().to_str().unwrap()),
+        quote(&env.url),
+        quote(&env.schema),
+        quote(out.to_str().unwrap()),
+    );
+    let mut child = std::process::Command::new("script")
+        .args(["-qfc", &line, "/dev/null"])
+        .env_remove("DATABASE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) from util-linux is needed for terminal tests");
+    // What the terminal shows, collected as it arrives.
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut pty = child.stdout.take().unwrap();
+    let reader = {
+        let screen = screen.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = pty.read(&mut buf) {
+                screen
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+    };
+    let pid: u32 = wait_for_file(&pid_file).parse().unwrap();
+    wait_for("the events", || line_count(&out) == 500);
+    // The line is refreshed with the backlog once the relay is idle.
+    wait_for("the progress line with the backlog", || {
+        screen.lock().unwrap().contains("backlog 0 pending")
+    });
+    kill(pid, libc::SIGTERM);
+    assert_eq!(code(&finish(child)), 0);
+    reader.join().unwrap();
+    let screen = screen.lock().unwrap().clone();
+    assert!(screen.contains("500 delivered"), "{screen:?}");
+    assert!(screen.contains("events/s"), "{screen:?}");
+    assert!(
+        screen.contains("backlog 0 pending (0 retrying), 0 dead"),
+        "{screen:?}"
+    );
+}
+
+#[test]
+fn an_event_inserted_for_later_waits_without_busy_looping_and_holds_its_aggregate() {
+    let env = migrated();
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, next_attempt_at)
+         VALUES ('order', '1', 'order.later', '{\"n\": 1}', now() + interval '1 hour'),
+                ('order', '1', 'order.paid', '{\"n\": 2}', DEFAULT),
+                ('order', '2', 'order.paid', '{\"n\": 3}', DEFAULT)",
+    );
+    let o = env.run(&["relay", "--once", "--sink", "stdout"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "only aggregate 2 is due: {lines:?}");
+    assert!(lines[0].contains("\"n\": 3"), "{lines:?}");
+    let doc: Value =
+        serde_json::from_slice(&env.run(&["outbox", "list", "--json"]).stdout).unwrap();
+    let states: Vec<&str> = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["scheduled", "blocked"]);
+}
+
+/// A relay with an exec sink that marks when a delivery starts and then waits for the gate.
+fn relay_with_a_slow_command(env: &Env) -> Watched {
+    let started = env.path("started");
+    let command = format!(
+        "exec:touch '{}'; {}; cat >> '{}'",
+        started.display(),
+        env.gate(),
+        env.path("delivered").display()
+    );
+    let relay = Watched::new(
+        env.command()
+            .args(["-v", "relay", "--sink", &command, "--timeout", "1m"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    insert_events(env, 1, 1, 1);
+    wait_for_file_exists(&started);
+    relay
+}
+
+#[test]
+fn sigterm_mid_batch_waits_for_the_delivery_in_hand_then_exits_0() {
+    let env = migrated();
+    let relay = relay_with_a_slow_command(&env);
+    kill(relay.child.id(), libc::SIGTERM);
+    relay.wait_for_stderr("finishing the batch in hand");
+    assert!(
+        alive(relay.child.id() as i32),
+        "the relay must wait for its delivery"
+    );
+    env.open_gate();
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(read_events(&env.path("delivered")).len(), 1);
+    assert_eq!(outbox_count(&env), 0, "the finished batch was committed");
+}
+
+#[test]
+fn a_second_signal_exits_at_once_and_the_batch_stays_in_the_outbox() {
+    let env = migrated();
+    let relay = relay_with_a_slow_command(&env);
+    kill(relay.child.id(), libc::SIGTERM);
+    relay.wait_for_stderr("finishing the batch in hand");
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 143, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("will be published again"),
+        "{}",
+        stderr(&o)
+    );
+    env.open_gate();
+    assert_eq!(outbox_count(&env), 1, "the unfinished batch rolled back");
+}
