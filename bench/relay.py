@@ -534,10 +534,33 @@ class HttpPeer:
 class Candidate:
     def __init__(self, name, aggregates, kind, label):
         self.name, self.aggregates, self.kind, self.label = name, aggregates, kind, label
-        self.rates, self.rss, self.cpu_us = [], [], []
+        self.rates, self.rss, self.cpu_us, self.broker_us = [], [], [], []
+
+
+def broker_pid(kind):
+    """The local broker process (RabbitMQ's beam.smp, nats-server), to read its CPU time; or None."""
+    name = {"amqp": "beam.smp", "nats": "nats-server"}.get(kind.split("-")[0])
+    if not name or not shutil.which("pidof"):
+        return None
+    p = subprocess.run(["pidof", name], capture_output=True, text=True)
+    pids = p.stdout.split()
+    return int(pids[0]) if len(pids) == 1 else None
 
 
 def measure(args, pg, cand, peer):
+    """Like measure_one, adding the broker's CPU time per message where the broker is local."""
+    pid = broker_pid(cand.kind)
+    before = proc_cpu_seconds(pid) if pid else None
+    rate = measure_one(args, pg, cand, peer)
+    if rate and pid:
+        try:
+            cand.broker_us.append((proc_cpu_seconds(pid) - before) / args.events * 1e6)
+        except OSError:
+            pass
+    return rate
+
+
+def measure_one(args, pg, cand, peer):
     """One fresh schema, N events, one drain. Returns events/s (or None when it failed)."""
     if cand.kind in ("amqp-ref", "nats-ref"):
         rate = (amqp_reference if cand.kind == "amqp-ref" else nats_reference)(args.events)
@@ -841,7 +864,7 @@ def main():
     ap.add_argument("--rounds", type=int, help="throughput rounds (default 5; --quick 1)")
     ap.add_argument("--latency-events", type=int, help="events per latency mode (default 1000; --quick 200)")
     ap.add_argument("--size-events", type=int, help="events through the relay for the table size (default 1000000; --quick 100000)")
-    ap.add_argument("--size-budget", type=float, default=240, help="seconds the table-size run may take at most (default 240)")
+    ap.add_argument("--size-budget", type=float, default=180, help="seconds the table-size run may take at most (default 180)")
     ap.add_argument("--lot-timeout", type=float, default=30, help="seconds one 10k lot may take to drain before the table-size run stops (default 30)")
     ap.add_argument("--database-url", help="given to every leasectl invocation as --database-url (the script's own connections use the libpq defaults)")
     ap.add_argument("--http-workers", type=int, default=2, help="processes of the HTTP peer (default 2)")
@@ -925,7 +948,8 @@ def main():
                 continue
             if c.kind.endswith("-ref"):
                 if c.rates:
-                    lines.append(f"| {c.label} | {med(c.rates) / 1000:.1f}k msgs/s | (broker reference) | |")
+                    b = f"; broker {med(c.broker_us):.0f} µs CPU/msg" if c.broker_us else ""
+                    lines.append(f"| {c.label} | {med(c.rates) / 1000:.1f}k msgs/s{b} | (broker reference) | |")
                 continue
             if not c.rates:
                 lines.append(f"| {c.label} | FAILED | | |")
@@ -936,6 +960,8 @@ def main():
             extra = f"; {med(c.cpu_us):.1f} µs relay CPU/event, peak RSS {max(c.rss):.1f} MiB"
             if c.kind == "http":
                 extra += f"; peer {med(c.peer_cpu_us):.0f} µs CPU/request"
+            if c.broker_us:
+                extra += f"; broker {med(c.broker_us):.0f} µs CPU/msg"
             if c.kind == "stdout":
                 goal = f"≥ {GOAL_STDOUT_VS_FLOOR} × floor — {verdict(r >= GOAL_STDOUT_VS_FLOOR)}"
             elif c.kind in ("amqp", "nats"):
