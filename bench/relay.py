@@ -3,11 +3,12 @@
 
 Run from anywhere, after `cargo build --release`:
 
-    pip install pika nats-py 'psycopg[binary]'
+    pip install pika nats-py 'psycopg[binary]'    # and optionally uvloop (a cheaper HTTP peer)
     python3 bench/relay.py [--quick] [--events 50000] [--rounds 5] [--bin target/release/leasectl]
 
 Needs a local PostgreSQL reachable like a bare `psql` (the libpq environment, else the local
-socket as the current OS user; DATABASE_URL is ignored), `pgbench`, and for the broker sinks a
+socket as the current OS user; DATABASE_URL is ignored), `pgbench`, GNU time (/usr/bin/time, for
+peak RSS; without it VmHWM is sampled from /proc), and for the broker sinks a
 RabbitMQ on 127.0.0.1:5672 (guest/guest) and a NATS server with JetStream on 127.0.0.1:4222; a
 broker that does not answer is reported "not available" and its line skipped. Python 3.11 with
 pika (RabbitMQ: the test queue), nats-py (JetStream: count and delete the stream) and psycopg 3
@@ -28,6 +29,9 @@ Measured:
               `#`), nats (JetStream acks, file storage) and http (a multi-process keep-alive
               HTTP/1.1 peer started here, answering 204; only when the relay's http sink is built).
               Peak RSS and CPU time of each relay process come from GNU time (/usr/bin/time).
+              Broker references in the same rounds: pika on one channel and nats-py, each with
+              1000 acknowledged publishes in flight (Python clients: lower bounds of what the
+              brokers take), and each local broker's own CPU time per message.
   latency     a continuous `leasectl relay --sink stdout` and one persistent psycopg connection
               inserting one event per transaction, 5–10 ms apart; latency = from just before
               COMMIT is sent to the moment the relay's line arrives on its stdout pipe. Once with
@@ -38,7 +42,9 @@ Measured:
   table size  a continuous relay (stdout to /dev/null, --batch 1000) while the script inserts
               10k events per transaction and waits for each lot to be drained, up to 1M events;
               pg_total_relation_size of the outbox after the first 10k and after the last lot
-              (each 1 s after the drain), the largest seen between, and the time it took.
+              (each 1 s after the drain), the largest seen right after a drain, and the time it
+              took. Stops after --size-budget seconds, or when one lot takes longer than
+              --lot-timeout to drain (a stalled relay).
 """
 
 import argparse
