@@ -142,8 +142,9 @@ impl Relay {
                     if !db::is_unavailable(pg) || self.cfg.once {
                         return Err(e);
                     }
+                    // Also a statement timeout: a fresh session is the cure for a stuck one.
                     warn!(
-                        "lost the database connection ({}); reconnecting",
+                        "database connection failed ({}); reconnecting",
                         db::reason(pg)
                     );
                     self.reconnect(db, stop, &mut db_outage).await?;

@@ -250,7 +250,7 @@ fn a_relay_whose_connection_is_cut_reconnects_and_keeps_delivering() {
     let o = relay.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("lost the database connection"),
+        stderr(&o).contains("database connection failed"),
         "{}",
         stderr(&o)
     );
