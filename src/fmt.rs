@@ -15,6 +15,20 @@ pub fn duration(d: Duration) -> String {
     }
 }
 
+/// Text for a one-line message or table cell: control characters and runs of white space
+/// collapsed to one space, cut at `max` characters with `…`.
+pub fn one_line(text: &str, max: usize) -> String {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let line = words.join(" ");
+    match line.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
+}
+
 /// Milliseconds from the database as a duration (negative values clamp to zero).
 pub fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
@@ -64,6 +78,13 @@ mod tests {
         assert_eq!(duration(Duration::from_secs(187)), "3m07s");
         assert_eq!(duration(Duration::from_secs(7500)), "2h05m");
         assert_eq!(duration(Duration::from_secs(3 * 86400 + 4 * 3600)), "3d04h");
+    }
+
+    #[test]
+    fn one_line_collapses_and_cuts() {
+        assert_eq!(one_line("a\n\n  b\tc\u{7}", 10), "a b c");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+        assert_eq!(one_line("äöü", 3), "äöü");
     }
 
     #[test]

@@ -67,11 +67,18 @@ pub fn connector(verify: bool) -> Result<MakeRustlsConnect> {
     Ok(MakeRustlsConnect::new(config))
 }
 
-fn root_store() -> Result<RootCertStore> {
+/// The system's trusted root certificates (unreadable ones are skipped).
+pub fn system_roots() -> RootCertStore {
     let mut roots = RootCertStore::empty();
     for cert in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(cert);
     }
+    roots
+}
+
+/// The system roots plus `PGSSLROOTCERT`, for verifying PostgreSQL servers.
+fn root_store() -> Result<RootCertStore> {
+    let mut roots = system_roots();
     if let Some(path) = std::env::var_os("PGSSLROOTCERT") {
         for cert in CertificateDer::pem_file_iter(&path)
             .with_context(|| format!("cannot read PGSSLROOTCERT {}", path.to_string_lossy()))?

@@ -76,7 +76,7 @@ async fn list(db: &DbArgs, args: OutboxListArgs) -> Result<Exit> {
                 ago(e.created_at),
                 e.last_error
                     .as_deref()
-                    .map_or("-".into(), |m| one_line(m, 60)),
+                    .map_or("-".into(), |m| fmt::one_line(m, 60)),
             ]
         })
         .collect();
@@ -107,19 +107,6 @@ fn t_minus(now: SystemTime, at: SystemTime) -> String {
     match at.duration_since(now) {
         Ok(d) => format!("in {}", fmt::duration(d)),
         Err(_) => "due".into(),
-    }
-}
-
-fn one_line(s: &str, max: usize) -> String {
-    let flat: String = s
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if flat.chars().count() > max {
-        let cut: String = flat.chars().take(max - 1).collect();
-        format!("{cut}…")
-    } else {
-        flat
     }
 }
 

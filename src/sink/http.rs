@@ -215,19 +215,18 @@ fn take_credentials(url: &mut Url) -> Option<(String, Option<String>)> {
 /// `http://` sink never does TLS, since redirects are not followed), HTTP/1.1 by ALPN (reqwest
 /// is built without HTTP/2).
 fn tls_config(https: bool) -> anyhow::Result<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    if https {
-        let found = rustls_native_certs::load_native_certs();
-        for cert in found.certs {
-            let _ = roots.add(cert);
-        }
+    let roots = if https {
+        let roots = crate::tls::system_roots();
         if roots.is_empty() {
             bail!(
                 "no trusted root certificates found for https:// (install the system's CA \
                  certificates or point SSL_CERT_FILE at a bundle)"
             );
         }
-    }
+        roots
+    } else {
+        rustls::RootCertStore::empty()
+    };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -286,19 +285,9 @@ fn rejection(status: StatusCode, location: Option<&str>, body: &[u8]) -> String 
     message
 }
 
-/// Text for a one-line message: invalid UTF-8 replaced, control characters and runs of white
-/// space collapsed to one space, cut at `max` characters with `…`.
+/// Bytes from the peer as a one-line quote (invalid UTF-8 replaced).
 fn one_line(bytes: &[u8], max: usize) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let words: Vec<&str> = text
-        .split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let line = words.join(" ");
-    match line.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &line[..cut]),
-        None => line,
-    }
+    crate::fmt::one_line(&String::from_utf8_lossy(bytes), max)
 }
 
 /// The innermost error in the chain: the specific reason ("Connection refused (os error 111)",
