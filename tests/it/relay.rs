@@ -200,16 +200,28 @@ fn three_relays_at_once_deliver_everything_once_in_aggregate_order() {
     assert_eq!(outbox_count(&env), 0);
 }
 
+/// Starts a relay draining 20k events to a file in batches of `batch`, sends it `signal` once
+/// more than `after` lines arrived, and waits for it. Returns the events' ids as inserted, the
+/// file and the relay's output.
+fn signal_a_draining_relay(
+    env: &Env,
+    batch: &str,
+    after: usize,
+    signal: i32,
+) -> (HashSet<String>, std::path::PathBuf, std::process::Output) {
+    insert_events(env, 20_000, 10, 1);
+    let all = outbox_ids(env);
+    let out = env.path("out.jsonl");
+    let relay = spawn_relay(env, &out, &["--sink", "stdout", "--batch", batch]);
+    wait_for("some events to be published", || line_count(&out) > after);
+    kill(relay.child.id(), signal);
+    (all, out, relay.finish())
+}
+
 #[test]
 fn sigterm_finishes_the_batch_in_hand_and_exits_0_losing_nothing() {
     let env = migrated();
-    insert_events(&env, 20_000, 10, 1);
-    let all = outbox_ids(&env);
-    let out = env.path("out.jsonl");
-    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "20"]);
-    wait_for("some events to be published", || line_count(&out) > 100);
-    kill(relay.child.id(), libc::SIGTERM);
-    let o = relay.finish();
+    let (all, out, o) = signal_a_draining_relay(&env, "20", 100, libc::SIGTERM);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let published = ids(&read_events(&out));
     let left = outbox_ids(&env);
@@ -224,13 +236,7 @@ fn sigterm_finishes_the_batch_in_hand_and_exits_0_losing_nothing() {
 #[test]
 fn a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest() {
     let env = migrated();
-    insert_events(&env, 20_000, 10, 1);
-    let all = outbox_ids(&env);
-    let out = env.path("out.jsonl");
-    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "50"]);
-    wait_for("some events to be published", || line_count(&out) > 500);
-    kill(relay.child.id(), libc::SIGKILL);
-    let _ = relay.finish();
+    let (all, out, _) = signal_a_draining_relay(&env, "50", 500, libc::SIGKILL);
     let before = line_count(&out);
     let o = env
         .command()
