@@ -12,9 +12,15 @@
 //! * `LEASECTL_CHAOS_SEED` — random seed (default: from the clock; printed, to replay timings);
 //! * `LEASECTL_CHAOS_TTL_MS` — lease TTL (default 1000; heartbeat TTL/5, kill-after 3·TTL/10);
 //! * `LEASECTL_CHAOS_REPORT` — also write the figures (markdown) to this file;
-//! * `LEASECTL_CHAOS_KEEP` — keep the rounds' directories (logs) instead of deleting them.
+//! * `LEASECTL_CHAOS_KEEP` — keep the rounds' directories (logs) instead of deleting them;
+//! * `LEASECTL_CHAOS_BIN` — test this leasectl binary instead of the one just built (e.g. an
+//!   older commit's, to see that the suite finds what was fixed since).
 //!
 //! Under `CI=true` a set-up failure fails the test; elsewhere it is skipped with a loud notice.
+
+// The harness reports on its own stderr, which the test runner captures or shows; the print
+// macros clippy.toml bans for leasectl itself are fine here.
+#![allow(clippy::disallowed_macros)]
 
 mod cluster;
 mod db;
@@ -46,6 +52,7 @@ pub struct Cfg {
     pub kill_after_ms: u64,
     pub report: Option<PathBuf>,
     pub keep: bool,
+    pub bin: PathBuf,
 }
 
 impl Cfg {
@@ -69,6 +76,7 @@ impl Cfg {
             kill_after_ms: ttl_ms * 3 / 10,
             report: var("LEASECTL_CHAOS_REPORT").map(PathBuf::from),
             keep: var("LEASECTL_CHAOS_KEEP").is_some(),
+            bin: var("LEASECTL_CHAOS_BIN").map_or(PathBuf::from(env!("CARGO_BIN_EXE_leasectl")), PathBuf::from),
         }
     }
 
@@ -109,7 +117,7 @@ fn setup(cfg: Cfg) -> Result<Ctx, String> {
     let proxy = Proxy::start(([127, 0, 0, 1], cluster.port).into());
     let proxy_conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", proxy.port);
     let schema = "chaos_l".to_owned();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasectl"))
+    let out = std::process::Command::new(&cfg.bin)
         .args(["--database-url", &direct, "--schema", &schema, "migrate"])
         .env_remove("DATABASE_URL")
         .output()
@@ -197,8 +205,8 @@ fn table(cfg: &Cfg, per_fault: &BTreeMap<Fault, Figures>, wall: f64) -> String {
     let total_rounds: usize = per_fault.values().map(|f| f.rounds).sum();
     let _ = writeln!(
         s,
-        "leasectl chaos: {total_rounds} rounds in {:.0}s (seed {}, TTL {}ms, heartbeat {}ms, kill-after {}ms)\n",
-        wall, cfg.seed, cfg.ttl_ms, cfg.heartbeat_ms, cfg.kill_after_ms
+        "leasectl chaos: {total_rounds} rounds in {:.0}s (seed {}, TTL {}ms, heartbeat {}ms, kill-after {}ms, {})\n",
+        wall, cfg.seed, cfg.ttl_ms, cfg.heartbeat_ms, cfg.kill_after_ms, cfg.bin.display()
     );
     let _ = writeln!(s, "| fault | rounds | injected | I1 | I2 | I3 | I4 | I5 | I6 | H | first holder's exits |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");

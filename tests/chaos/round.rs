@@ -252,7 +252,7 @@ pub struct Spec {
 }
 
 fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_leasectl"));
+    let mut cmd = Command::new(&ctx.cfg.bin);
     for v in ["DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGPASSWORD", "PGSERVICE"] {
         cmd.env_remove(v);
     }
@@ -342,7 +342,7 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
     let a = Spec {
         id: format!("r{round}-a"),
         target: target.clone(),
-        sleep_ms: rng.random_range(300..=900),
+        sleep_ms: rng.random_range(250..=700),
         ignore_term: rng.random_bool(0.5),
         exit_code: if rng.random_bool(0.5) { 0 } else { 3 },
         stderr_pipe: fault == Fault::StderrPipe,
@@ -352,7 +352,7 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
     let b = Spec {
         id: format!("r{round}-b"),
         target: target.clone(),
-        sleep_ms: rng.random_range(100..=300),
+        sleep_ms: rng.random_range(50..=250),
         ignore_term: rng.random_bool(0.5),
         exit_code: if rng.random_bool(0.5) { 0 } else { 3 },
         stderr_pipe: false,
