@@ -16,6 +16,10 @@ pub const MAX_TARGET_CHARS: usize = 200;
 /// suffix to it and must stay within 63 themselves.
 pub const MAX_SCHEMA_BYTES: usize = 48;
 
+/// The largest `--capture-limit`: stdout and stderr travel to PostgreSQL in one message, which
+/// it caps at 1 GiB, so each stream gets at most a quarter of that (room for the rest).
+pub const MAX_CAPTURE_LIMIT: usize = 256 << 20;
+
 /// Parses `500ms`, `30s`, `2m`, `1h`, `1d` (and combinations such as `1h30m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -130,6 +134,15 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The heartbeat schedule's durations.
+    pub fn times(&self) -> crate::heartbeat::Times {
+        crate::heartbeat::Times {
+            ttl: self.ttl,
+            interval: self.heartbeat,
+            kill_after: self.kill_after,
+        }
+    }
+
     pub fn new(a: RunArgs) -> anyhow::Result<RunConfig> {
         if a.ttl < Duration::from_millis(100) {
             return Err(usage(format!(
@@ -153,6 +166,12 @@ impl RunConfig {
                 humantime::format_duration(heartbeat),
                 humantime::format_duration(kill_after),
                 humantime::format_duration(a.ttl),
+            )));
+        }
+        if a.capture_limit > MAX_CAPTURE_LIMIT {
+            return Err(usage(format!(
+                "--capture-limit {} is too large (at most 256MiB: stdout and stderr are stored in one PostgreSQL message, which holds at most 1GiB)",
+                a.capture_limit
             )));
         }
         if a.timeout.is_some_and(|t| t.is_zero()) {

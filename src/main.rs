@@ -22,14 +22,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("leasectl: cannot start the runtime: {e}");
+            leasectl::say!("cannot start the runtime: {e}");
             return ExitCode::from(Exit::INTERNAL);
         }
     };
     let exit = match runtime.block_on(leasectl::cmd::dispatch(cli)) {
         Ok(exit) => exit,
         Err(err) => {
-            eprintln!("leasectl: {}", one_line(&format!("{err:#}")));
+            leasectl::say!("{}", one_line(&format!("{err:#}")));
             Exit::from_error(&err)
         }
     };
@@ -58,7 +58,7 @@ fn clap_error(e: clap::Error) -> ExitCode {
             let body = text.split("\nUsage:").next().unwrap_or(&text);
             let body = body.split("\nFor more information").next().unwrap_or(body);
             let body = body.trim().trim_start_matches("error:").trim();
-            eprintln!("leasectl: {} (see --help)", one_line(body));
+            leasectl::say!("{} (see --help)", one_line(body));
             ExitCode::from(Exit::USAGE)
         }
     }

@@ -7,10 +7,14 @@
 //! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
 //!   it to the *thread*, so we fork from the runtime's main thread (leasectl runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run.
-//! * a [`Watchdog`] process kills the whole group if leasectl vanishes (even `kill -9`), which
-//!   also covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is
-//!   forked *first* and leads the process group the child then joins, so there is no moment
-//!   in which the child runs unguarded.
+//! * a [`Watchdog`] process kills the whole group if leasectl vanishes (even `kill -9`, even
+//!   a SIGKILL to leasectl's whole process group), which also covers grandchildren such as
+//!   the commands of a `sh -c` pipeline. The watchdog is forked *first* and leads the process
+//!   group the child then joins, so there is no moment in which the child runs unguarded; it
+//!   stays in that group, out of leasectl's, and ignores the signals a terminal or a job
+//!   runner sends, so whatever kills leasectl's group does not kill the watchdog.
+//! * a panic never stands the watchdog down: the unwinding closes its pipe without the
+//!   stand-down byte, which the watchdog takes as "leasectl is gone".
 
 use std::ffi::OsString;
 use std::io::{self, IsTerminal};
@@ -24,6 +28,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// What a stream of the child produced, up to the capture limit.
 #[derive(Debug, Default)]
@@ -51,6 +56,8 @@ pub struct Spec<'a> {
 pub struct Child {
     child: tokio::process::Child,
     pgid: Pid,
+    /// The watchdog, a member of the command's group that is not the command's.
+    watchdog_pid: Option<Pid>,
     status: Option<ExitStatus>,
     stdout: Pump,
     stderr: Pump,
@@ -113,12 +120,6 @@ impl Child {
             });
         }
         let mut child = cmd.spawn().map_err(|e| spawn_error(program, &e))?;
-        if let Some(w) = &watchdog {
-            // The command has joined the group the watchdog created; take the watchdog out of
-            // it again, so that signals to the group reach only the command and its children
-            // and "is anything left in the group?" has an honest answer.
-            w.leave_group();
-        }
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = watchdog
             .as_ref()
@@ -126,11 +127,15 @@ impl Child {
         let out = child.stdout.take().expect("stdout is piped");
         let err = child.stderr.take().expect("stderr is piped");
         let limit = spec.capture_limit;
-        let stdout = Pump::start(out, spec.echo.then(tokio::io::stdout), limit);
-        let stderr = Pump::start(err, spec.echo.then(tokio::io::stderr), limit);
+        // A reader of our stdout that went away must reach the command as a broken pipe, as
+        // it would without leasectl (`leasectl run -- yes | head`); a broken stderr only
+        // stops the echo, since diagnostics must not kill the command.
+        let stdout = Pump::start(out, spec.echo.then(tokio::io::stdout), limit, OnEchoError::ClosePipe);
+        let stderr = Pump::start(err, spec.echo.then(tokio::io::stderr), limit, OnEchoError::KeepReading);
         Ok(Child {
             child,
             pgid,
+            watchdog_pid: watchdog.as_ref().map(|w| w.pid),
             status: None,
             stdout,
             stderr,
@@ -161,16 +166,23 @@ impl Child {
         self.status
     }
 
-    /// Sends `sig` to the child's whole process group.
+    /// Sends `sig` to the child's whole process group. The watchdog, a member of the group,
+    /// ignores every signal this is used with except SIGKILL, and is expendable by then.
     pub fn signal(&self, sig: Signal) {
         let _ = killpg(self.pgid, sig);
     }
 
-    /// Stop: `first` to the group, SIGKILL after `grace` if the child is still there, then
-    /// SIGKILL to whatever of the group remains. Returns the child's status.
-    pub async fn stop(&mut self, first: Signal, grace: Duration) -> ExitStatus {
-        self.signal(first);
-        let status = match tokio::time::timeout(grace, self.wait()).await {
+    /// Stop: `first` to the group, then SIGKILL at `kill_at` if the child is still there (at
+    /// once if that moment has already passed, e.g. after leasectl was paused), then SIGKILL
+    /// to whatever of the group remains. Returns the child's status.
+    ///
+    /// The caller passes a *deadline*, not a grace: a stop that starts late must not grant
+    /// the full grace again, or the command would overlap the next holder.
+    pub async fn stop(&mut self, first: Signal, kill_at: Instant) -> ExitStatus {
+        if Instant::now() < kill_at {
+            self.signal(first);
+        }
+        let status = match tokio::time::timeout_at(kill_at, self.wait()).await {
             Ok(s) => s,
             Err(_) => {
                 self.signal(Signal::SIGKILL);
@@ -189,25 +201,26 @@ impl Child {
 
     /// Kills processes the child left behind in its group.
     pub fn kill_leftovers(&self) {
-        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.signal(Signal::SIGKILL);
     }
 
-    /// True while any process remains in the command's group (the watchdog has left it).
+    /// True while any live process other than the watchdog remains in the command's group.
+    /// Zombies do not count: they run nothing (an init that reaps late must not make us wait
+    /// out the grace for processes that are already gone).
     pub fn has_leftovers(&self) -> bool {
-        killpg(self.pgid, None).is_ok()
+        group_has_live_members(self.pgid, self.watchdog_pid)
     }
 
     /// After a normal exit: anything the command left running in its group (`cmd &`) would
-    /// keep working without a lease, so it gets SIGTERM, then SIGKILL after `grace`. Returns
+    /// keep working without a lease, so it gets SIGTERM, then SIGKILL at `kill_at`. Returns
     /// whether there was anything to stop. (A process that must outlive the run has to leave
     /// the group, e.g. with setsid.)
-    pub async fn end_leftovers(&self, grace: Duration) -> bool {
+    pub async fn end_leftovers(&self, kill_at: Instant) -> bool {
         if !self.has_leftovers() {
             return false;
         }
         self.signal(Signal::SIGTERM);
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.has_leftovers() && tokio::time::Instant::now() < deadline {
+        while self.has_leftovers() && Instant::now() < kill_at {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.kill_leftovers();
@@ -216,11 +229,51 @@ impl Child {
 
     /// Collects the captured output. Call after the child exited.
     ///
-    /// Waits for end of file on both pipes; a process the child left behind may hold them open,
-    /// so reading stops once nothing has arrived for [`DRAIN_AFTER_EXIT`].
-    pub async fn finish(mut self) -> (Capture, Capture) {
-        tokio::join!(self.stdout.drain(), self.stderr.drain())
+    /// Waits for end of file on both pipes, but a process the child left behind (one that
+    /// left the group with `setsid`, say) may hold them open: reading stops once nothing has
+    /// arrived for [`DRAIN_AFTER_EXIT`], and at `until` in any case, and the pipes are closed.
+    pub async fn finish(&mut self, until: Instant) -> (Capture, Capture) {
+        tokio::join!(self.stdout.drain(until), self.stderr.drain(until))
     }
+}
+
+/// Whether a process other than `except` and not a zombie is in process group `pgid`, from
+/// `/proc` (`kill(-pgid, 0)` cannot tell: it counts zombies, and the watchdog is a member).
+fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        // No /proc: fall back to the kernel's answer, which may count zombies.
+        return killpg(pgid, None).is_ok() && except.is_none();
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if except.is_some_and(|e| e.as_raw() == pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …": comm may contain anything, so split after its ')'.
+        let mut fields = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(pgid.as_raw()) && state != "Z" && state != "X" {
+            return true;
+        }
+    }
+    false
+}
+
+/// What a [`Pump`] does when echoing to our own stream fails (its reader went away).
+#[derive(Clone, Copy)]
+enum OnEchoError {
+    /// Stop reading and close the child's pipe, so the child gets SIGPIPE/EPIPE on its next
+    /// write, as it would have writing to our stream directly.
+    ClosePipe,
+    /// Stop echoing, keep capturing.
+    KeepReading,
 }
 
 /// One output stream of the child, copied to ours (unless quiet) and into a capped buffer.
@@ -232,14 +285,21 @@ struct Pump {
 }
 
 impl Pump {
-    fn start<R, W>(from: R, echo: Option<W>, limit: usize) -> Pump
+    fn start<R, W>(from: R, echo: Option<W>, limit: usize, on_error: OnEchoError) -> Pump
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let capture = Arc::new(Mutex::new(Capture::default()));
         let seen = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(pump(from, echo, limit, capture.clone(), seen.clone()));
+        let task = tokio::spawn(pump(
+            from,
+            echo,
+            limit,
+            on_error,
+            capture.clone(),
+            seen.clone(),
+        ));
         Pump {
             task,
             capture,
@@ -247,17 +307,22 @@ impl Pump {
         }
     }
 
-    async fn drain(&mut self) -> Capture {
+    /// Reads to end of file, until the stream has been idle for [`DRAIN_AFTER_EXIT`], or
+    /// until `until`, whichever comes first; then drops the pipe's read end.
+    async fn drain(&mut self, until: Instant) -> Capture {
         loop {
             let before = self.seen.load(Ordering::Relaxed);
-            if tokio::time::timeout(DRAIN_AFTER_EXIT, &mut self.task)
+            let idle_at = (Instant::now() + DRAIN_AFTER_EXIT).min(until);
+            if tokio::time::timeout_at(idle_at, &mut self.task)
                 .await
                 .is_ok()
             {
                 break;
             }
-            if self.seen.load(Ordering::Relaxed) == before {
+            if self.seen.load(Ordering::Relaxed) == before || Instant::now() >= until {
                 self.task.abort();
+                // Aborting drops the task, and with it the read end, at its next poll.
+                let _ = (&mut self.task).await;
                 break;
             }
         }
@@ -269,6 +334,7 @@ async fn pump<R, W>(
     mut from: R,
     mut echo: Option<W>,
     limit: usize,
+    on_error: OnEchoError,
     capture: Arc<Mutex<Capture>>,
     seen: Arc<AtomicU64>,
 ) where
@@ -285,18 +351,23 @@ async fn pump<R, W>(
         };
         seen.fetch_add(n as u64, Ordering::Relaxed);
         let chunk = &buf[..n];
+        {
+            let mut cap = capture.lock().unwrap_or_else(|p| p.into_inner());
+            let room = limit.saturating_sub(cap.bytes.len());
+            if n > room {
+                cap.truncated = true;
+            }
+            cap.bytes.extend_from_slice(&chunk[..n.min(room)]);
+        }
         if let Some(w) = echo.as_mut() {
-            // A reader that went away (EPIPE) must not stop the capture or the child.
             if w.write_all(chunk).await.is_err() || w.flush().await.is_err() {
                 echo = None;
+                if let OnEchoError::ClosePipe = on_error {
+                    // Returning drops `from`: the child's next write fails with EPIPE.
+                    return;
+                }
             }
         }
-        let mut cap = capture.lock().unwrap_or_else(|p| p.into_inner());
-        let room = limit.saturating_sub(cap.bytes.len());
-        if n > room {
-            cap.truncated = true;
-        }
-        cap.bytes.extend_from_slice(&chunk[..n.min(room)]);
     }
 }
 
@@ -315,32 +386,49 @@ fn spawn_error(program: &OsString, e: &io::Error) -> SpawnError {
 /// A forked process that creates the child's process group and SIGKILLs that group when
 /// leasectl dies.
 ///
-/// It is forked before the command and starts a new process group, which the command then
-/// joins; right after the spawn leasectl moves the watchdog back to its own group. So the
-/// command is never unguarded, and the group holds only the command and what it started.
-/// The watchdog blocks reading a pipe whose only write end leasectl holds: end of file means
-/// leasectl is gone (however it died) and the group is killed; a byte means "stand down".
-/// Between fork and `_exit` it makes only async-signal-safe system calls, so forking from a
-/// multi-threaded process is sound. The group id stays the watchdog's pid, which cannot be
+/// It is forked before the command and leads a new process group, which the command then
+/// joins, so the command is never unguarded. It *stays* in that group, out of leasectl's own:
+/// `kill -9 -- -$(leasectl's pgid)`, `timeout -s KILL`, a CI runner cancelling a step all
+/// signal leasectl's group, and must not take the watchdog with them. It ignores the signals
+/// a terminal or a supervisor sends to a group (INT, TERM, HUP, QUIT, TSTP, PIPE), so the only
+/// things that end it are its pipe (below), SIGKILL (which leasectl sends the group only to
+/// kill everything in it) and a cgroup kill.
+///
+/// It blocks reading a pipe whose only write end leasectl holds: end of file means leasectl
+/// is gone (however it died, panics included) and the group is killed; a byte means "stand
+/// down". Between fork and `_exit` it makes only async-signal-safe system calls, so forking
+/// from a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
 /// reused while the watchdog lives, so it never kills a stranger's group.
 struct Watchdog {
-    write: OwnedFd,
+    /// The pipe's only write end; `None` once closed.
+    write: Option<OwnedFd>,
     pid: Pid,
 }
+
+/// The signals the watchdog ignores: those a terminal, `kill -- -PGID` without `-9`, or a
+/// job runner send to stop a process group politely.
+const WATCHDOG_IGNORES: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+    libc::SIGPIPE,
+];
 
 impl Watchdog {
     fn arm() -> io::Result<Watchdog> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let read_fd = read.as_raw_fd();
         let write_fd = write.as_raw_fd();
-        // SAFETY: the child branch only calls async-signal-safe functions and ends in _exit.
+        // SAFETY: between fork and _exit the child calls only async-signal-safe functions
+        // (getpid, close, open, dup2, the close_range syscall, getrlimit, signal, read, kill,
+        // _exit): no allocation, no locks, nothing another thread of leasectl could hold.
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()),
             0 => unsafe {
-                // No setpgid here: the parent creates the group right after fork. Were the
-                // child to do it too, a late-scheduled child could recreate the group after
-                // leasectl had already moved it out (`leave_group`), ending up back in the
-                // command's group — where "is anything left?" would then always say yes.
+                // No setpgid here: the parent creates the group right after fork, before it
+                // spawns the command; doing it here too would only race with that.
                 let own_pid = libc::getpid();
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
@@ -355,15 +443,19 @@ impl Watchdog {
                 } else {
                     libc::dup2(read_fd, 3)
                 };
-                libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32);
-                for sig in [
-                    libc::SIGINT,
-                    libc::SIGTERM,
-                    libc::SIGHUP,
-                    libc::SIGQUIT,
-                    libc::SIGTSTP,
-                    libc::SIGPIPE,
-                ] {
+                if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+                    // Older kernels (< 5.9) or a seccomp filter: close one by one.
+                    let mut lim = libc::rlimit {
+                        rlim_cur: 1024,
+                        rlim_max: 1024,
+                    };
+                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+                    let top = lim.rlim_cur.min(65_536) as libc::c_int;
+                    for fd in 4..top {
+                        libc::close(fd);
+                    }
+                }
+                for sig in WATCHDOG_IGNORES {
                     libc::signal(sig, libc::SIG_IGN);
                 }
                 let mut byte = 0u8;
@@ -373,6 +465,7 @@ impl Watchdog {
                         continue;
                     }
                     if n != 1 {
+                        // Kills the command's whole group, the watchdog included.
                         libc::kill(-own_pid, libc::SIGKILL);
                     }
                     libc::_exit(0);
@@ -382,10 +475,9 @@ impl Watchdog {
                 drop(read);
                 // The group exists before the command is spawned into it, whether or not the
                 // watchdog has run yet.
-                // SAFETY: plain setpgid(2) on our own child.
-                unsafe { libc::setpgid(pid, pid) };
+                nix::unistd::setpgid(Pid::from_raw(pid), Pid::from_raw(pid))?;
                 Ok(Watchdog {
-                    write,
+                    write: Some(write),
                     pid: Pid::from_raw(pid),
                 })
             }
@@ -393,18 +485,17 @@ impl Watchdog {
     }
 }
 
-impl Watchdog {
-    /// Moves the watchdog from the command's group back into leasectl's.
-    fn leave_group(&self) {
-        let _ = nix::unistd::setpgid(self.pid, nix::unistd::getpgrp());
-    }
-}
-
 /// Dropping the watchdog (the run is over, or the spawn failed) tells it to exit without
-/// killing, and reaps it.
+/// killing, and reaps it — except while panicking: then leasectl's state is unknown, so the
+/// pipe just closes and the watchdog kills the group.
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        let _ = nix::unistd::write(&self.write, b"x");
+        if let Some(write) = self.write.take() {
+            if !std::thread::panicking() {
+                let _ = nix::unistd::write(&write, b"x");
+            }
+            // Closed here, before the reap: while panicking, this end of file is the signal.
+        }
         let _ = nix::sys::wait::waitpid(self.pid, None);
     }
 }

@@ -5,31 +5,47 @@
 //! 1. `--reuse-within`: print a fresh stored result and stop.
 //! 2. [`obtain`]: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
 //!    to expire (polling), sharing the result of the run we waited for when reuse is on.
-//! 3. [`execute`]: spawn the child, then select between "child exited", "lease lost",
+//! 3. [`prepare`]: what must happen between acquiring and spawning, each statement bounded by
+//!    the lease's own deadline: nothing is spawned unless there is still time to stop it
+//!    before the lease could expire.
+//! 4. [`execute`]: spawn the child, then select between "child exited", "lease lost",
 //!    "--timeout" and "signal received"; stop the child when needed; store the run and its
 //!    event with the fenced save, which also releases the lease.
+//!
+//! No statement waits on the database without a client-side deadline: a silent server (a hung
+//! host, a black-holed connection) must never keep leasectl, or its lease, waiting forever.
 
+use std::future::Future;
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Result;
 use indicatif::ProgressBar;
 use nix::sys::signal::Signal;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
 use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
-use crate::exit::{ChildStatus, Exit};
+use crate::exit::{ChildStatus, Exit, Failure};
 use crate::heartbeat::Heartbeat;
 use crate::lease::{self, Acquired, DbClock, Lease, Outcome, RunRecord, Saved};
 use crate::signals::Signals;
 use crate::supervise::{Capture, Child, Spec};
-use crate::{info, warn};
+use crate::{info, say, warn};
 
 /// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
 const WAIT_POLL: Duration = Duration::from_secs(1);
+
+/// How long one statement may go unanswered before the database counts as unavailable (the
+/// server-side `statement_timeout` cannot help when the server, or the path to it, is silent).
+const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long the best-effort bookkeeping after a lost lease (the `lost` record, the release)
+/// may take in all: the command is already stopped, and the exit code must not wait on a
+/// database that stopped answering.
+const LOST_RECORD_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Who we are, as recorded in the lease row and the run.
 struct Me {
@@ -52,61 +68,176 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     };
 
     if let Some(within) = cfg.reuse_within {
-        if let Some(r) = lease::reusable(&db.client, &db.schema, &cfg.target, within).await? {
+        let found = tokio::select! {
+            r = bounded(Instant::now() + STATEMENT_DEADLINE, lease::reusable(&db.client, &db.schema, &cfg.target, within)) => r?,
+            sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+        };
+        if let Some(r) = found {
             info!("reusing run {} of '{}'", r.id, cfg.target);
             print_stdout(&cfg, &r.stdout)?;
             return Ok(Exit::Code(0));
         }
     }
 
-    let (lease, acquired_at) = match obtain(&mut db, &cfg, &me, &mut signals).await? {
-        Obtained::Lease(l, at) => (l, at),
+    let (lease, acquired_at, listening) = match obtain(&mut db, &cfg, &me, &mut signals).await? {
+        Obtained::Lease(l, at, listening) => (l, at, listening),
         Obtained::Done(exit) => return Ok(exit),
     };
     info!("acquired '{}' (fence {})", lease.target, lease.fence);
-
-    // A run may have finished between our reuse check and the acquisition.
-    if let Some(within) = cfg.reuse_within {
-        if let Some(r) = lease::reusable(&db.client, &db.schema, &cfg.target, within).await? {
-            lease::release(&db.client, &db.schema, &lease).await?;
-            print_stdout(&cfg, &r.stdout)?;
-            return Ok(Exit::Code(0));
-        }
+    let hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
+    if let Some(exit) = prepare(&mut db, &cfg, &lease, &hb, listening, &mut signals).await? {
+        return Ok(exit);
     }
+    execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
+}
 
-    execute(&mut db, &cfg, &me, lease, acquired_at, &mut signals).await
+/// Runs `what` with a client-side deadline: past `until`, the database counts as unavailable
+/// (exit 69) and the connection must be replaced before it is used again, since the statement
+/// may still be queued on it.
+async fn bounded<T>(until: Instant, what: impl Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout_at(until, what).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure::Unavailable("the database did not answer in time".into()).into()),
+    }
+}
+
+/// Between acquiring and spawning: stop listening for releases and, with `--reuse-within`,
+/// look once more for a result that was stored while we acquired. Returns the exit code when
+/// the command must not run.
+///
+/// The lease was confirmed when the acquiring statement was sent; the heartbeat schedule's
+/// `stop_at` is the last moment at which a command spawned now could still be stopped before
+/// the lease can expire. Every statement here is bounded by it, a signal ends the wait, and it
+/// is checked once more right before returning: a command is never started on a lease that
+/// may already be someone else's.
+async fn prepare(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    hb: &Heartbeat<'_>,
+    listening: bool,
+    signals: &mut Signals,
+) -> Result<Option<Exit>> {
+    let until = hb.stop_at();
+    let checks = async {
+        if listening {
+            // Stop queueing other targets' releases for the rest of a long run.
+            bounded(until, async { Ok(db.client.batch_execute("UNLISTEN *").await?) }).await?;
+            while db.notifications.try_recv().is_ok() {}
+        }
+        match cfg.reuse_within {
+            // A run may have finished between our reuse check and the acquisition.
+            Some(within) => {
+                bounded(until, lease::reusable(&db.client, &db.schema, &cfg.target, within)).await
+            }
+            None => Ok(None),
+        }
+    };
+    let checked = tokio::select! {
+        r = checks => Ok(r),
+        sig = signals.recv() => Err(sig),
+    };
+    let exit = match checked {
+        Err(sig) => Some(Exit::from_signal(sig)),
+        Ok(Ok(Some(r))) => {
+            print_stdout(cfg, &r.stdout)?;
+            Some(Exit::Code(0))
+        }
+        Ok(Ok(None)) if Instant::now() < hb.stop_at() => return Ok(None),
+        Ok(Ok(None)) => {
+            say!(
+                "the lease on '{}' ran out before the command could be started (was leasectl paused?); the command was not started",
+                cfg.target
+            );
+            Some(Exit::LeaseLost)
+        }
+        Ok(Err(e)) => {
+            // The connection may be stuck behind the unanswered statement: the lease is left
+            // to expire by its TTL.
+            return Err(e.context(format!(
+                "cannot start the command on '{}' while the lease is certain",
+                cfg.target
+            )));
+        }
+    };
+    release_within(db, lease, until).await;
+    Ok(exit)
+}
+
+/// Releases the lease, best-effort, giving up at `until`.
+async fn release_within(db: &Db, lease: &Lease, until: Instant) {
+    let until = until.max(Instant::now() + Duration::from_millis(500));
+    if let Err(e) = bounded(until, lease::release(&db.client, &db.schema, lease)).await {
+        info!("could not release '{}' ({e:#}); it expires with its TTL", lease.target);
+    }
 }
 
 enum Obtained {
-    /// We hold the lease; the instant is when the acquiring statement was sent.
-    Lease(Lease, Instant),
+    /// We hold the lease; the instant is when the acquiring statement was sent; the flag says
+    /// whether the connection still LISTENs for releases.
+    Lease(Lease, Instant, bool),
     /// Nothing to run: busy, shared a waited-for result, or a signal arrived while waiting.
     Done(Exit),
+}
+
+/// Why waiting ended without the lease.
+enum Interrupted {
+    Signal(i32),
+    GaveUp,
+}
+
+/// Runs `what` unless a signal arrives or `--wait`'s limit passes first. Everything the waiter
+/// does goes through here, statements included: a stuck acquire must not outlast either.
+async fn interruptible<T>(
+    what: impl Future<Output = T>,
+    signals: &mut Signals,
+    give_up_at: Option<Instant>,
+) -> Result<T, Interrupted> {
+    let give_up = async {
+        match give_up_at {
+            Some(t) => sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = what => Ok(r),
+        sig = signals.recv() => Err(Interrupted::Signal(sig)),
+        _ = give_up => Err(Interrupted::GaveUp),
+    }
 }
 
 /// Acquires the lease, waiting for it with `--wait`.
 ///
 /// A waiter survives the database going away (a restart, a failover): it reports the outage
-/// once, reconnects with backoff and carries on waiting, within its `--wait` limit.
+/// once, reconnects with backoff and carries on waiting, within its `--wait` limit. A signal
+/// or the limit ends the wait at any point, even in the middle of a statement.
 async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) -> Result<Obtained> {
     let mut w = Waiter {
-        give_up_at: match cfg.wait {
-            Some(Wait::Upto(d)) => Some(Instant::now() + d),
-            _ => None,
-        },
         listening: false,
         awaited: None,
         spinner: Spinner::default(),
         outage: None,
     };
+    let give_up_at = match cfg.wait {
+        Some(Wait::Upto(d)) => Some(Instant::now() + d),
+        _ => None,
+    };
     let result = loop {
-        let wake = match w.attempt(db, cfg, me).await {
+        let attempt = bounded(
+            Instant::now() + STATEMENT_DEADLINE,
+            w.attempt(db, cfg, me),
+        );
+        let attempt = match interruptible(attempt, signals, give_up_at).await {
+            Ok(a) => a,
+            Err(why) => break Ok(w.interrupted(why, cfg)),
+        };
+        let wake = match attempt {
             Ok(Attempt::Done(obtained)) => break Ok(obtained),
             Ok(Attempt::Again) => continue,
             Ok(Attempt::Wait(holder)) => {
                 if cfg.wait.is_none() {
                     if !cfg.quiet {
-                        eprintln!("leasectl: '{}' is busy: {}", cfg.target, holder.describe());
+                        say!("'{}' is busy: {}", cfg.target, holder.describe());
                     }
                     break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
                 }
@@ -136,26 +267,22 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
             }
             Err(e) => break Err(e),
         };
-        let give_up = async {
-            match w.give_up_at {
-                Some(t) => sleep_until(t).await,
-                None => std::future::pending().await,
+        let woken = async {
+            tokio::select! {
+                _ = released(&mut db.notifications, &cfg.target) => {}
+                _ = sleep(wake) => {}
             }
         };
-        tokio::select! {
-            _ = released(&mut db.notifications, &cfg.target) => {}
-            _ = sleep(wake) => {}
-            _ = give_up => {
-                if !cfg.quiet {
-                    eprintln!("leasectl: gave up waiting for '{}' after {}", cfg.target, crate::fmt::duration(match cfg.wait { Some(Wait::Upto(d)) => d, _ => Duration::ZERO }));
-                }
-                break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
-            }
-            sig = signals.recv() => break Ok(Obtained::Done(Exit::from_signal(sig))),
+        if let Err(why) = interruptible(woken, signals, give_up_at).await {
+            break Ok(w.interrupted(why, cfg));
         }
         if w.outage.is_some() {
-            if let Err(e) = db.reconnect().await {
-                info!("reconnect failed: {e:#}");
+            let reconnect = timeout(STATEMENT_DEADLINE, db.reconnect());
+            match interruptible(reconnect, signals, give_up_at).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => info!("reconnect failed: {e:#}"),
+                Ok(Err(_)) => info!("reconnect timed out"),
+                Err(why) => break Ok(w.interrupted(why, cfg)),
             }
         }
     };
@@ -165,7 +292,6 @@ async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) ->
 
 /// The state of one caller waiting for a lease.
 struct Waiter {
-    give_up_at: Option<Instant>,
     listening: bool,
     /// The acquisition whose result we wait for (singleflight with --reuse-within).
     awaited: Option<i64>,
@@ -201,12 +327,7 @@ impl Waiter {
         .await?
         {
             Acquired::Held(l) => {
-                if self.listening {
-                    // Stop queueing other targets' releases for the rest of a long run.
-                    db.client.batch_execute("UNLISTEN *").await?;
-                    while db.notifications.try_recv().is_ok() {}
-                }
-                return Ok(Attempt::Done(Obtained::Lease(l, sent)));
+                return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
             }
             // Released between our attempt and the look at its holder: just try again.
             Acquired::Busy(None) => return Ok(Attempt::Again),
@@ -232,6 +353,28 @@ impl Waiter {
             self.awaited = Some(holder.fence);
         }
         Ok(Attempt::Wait(holder))
+    }
+
+    /// The exit code when waiting ends without the lease.
+    fn interrupted(&mut self, why: Interrupted, cfg: &RunConfig) -> Obtained {
+        self.spinner.clear();
+        match why {
+            Interrupted::Signal(sig) => Obtained::Done(Exit::from_signal(sig)),
+            Interrupted::GaveUp => {
+                if !cfg.quiet {
+                    let waited = match cfg.wait {
+                        Some(Wait::Upto(d)) => d,
+                        _ => Duration::ZERO,
+                    };
+                    say!(
+                        "gave up waiting for '{}' after {}",
+                        cfg.target,
+                        crate::fmt::duration(waited)
+                    );
+                }
+                Obtained::Done(Exit::Busy(cfg.busy_exit_code))
+            }
+        }
     }
 }
 
@@ -298,7 +441,8 @@ async fn execute(
     db: &mut Db,
     cfg: &RunConfig,
     me: &Me,
-    lease: Lease,
+    lease: &Lease,
+    mut hb: Heartbeat<'_>,
     acquired_at: Instant,
     signals: &mut Signals,
 ) -> Result<Exit> {
@@ -326,7 +470,7 @@ async fn execute(
     let mut child = match Child::spawn(spec) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("leasectl: {}", e.message);
+            say!("{}", e.message);
             let record = RunRecord {
                 id: run_id,
                 outcome: Outcome::ExecFailed,
@@ -343,11 +487,10 @@ async fn execute(
                 stderr_truncated: false,
                 error: Some(e.message),
             };
-            return store(db, cfg, &lease, &record, Exit::Code(e.exit_code)).await;
+            return store(db, cfg, lease, &record, Exit::Code(e.exit_code)).await;
         }
     };
 
-    let mut hb = Heartbeat::new(&lease, cfg, acquired_at);
     let timeout_at = cfg.timeout.map(|t| started + t);
     let ending = tokio::select! {
         status = child.wait() => Ending::Exited(status),
@@ -371,8 +514,9 @@ async fn execute(
         Ending::Lost(reason) => {
             warn!("{reason}; stopping the command");
             lost = Some(reason);
-            // Deadline arithmetic: the SIGKILL of this stop lands before the TTL can run out.
-            let s = child.stop(Signal::SIGTERM, cfg.kill_after).await;
+            // SIGKILL by the lease's deadline, not a full grace from now: if this stop
+            // starts late (leasectl was paused, a timer fired late), no grace is left.
+            let s = child.stop(Signal::SIGTERM, hb.kill_at()).await;
             (
                 ChildStatus::from_exit_status(s),
                 Outcome::Lost,
@@ -390,33 +534,41 @@ async fn execute(
                     )
                 }
                 _ => {
-                    eprintln!(
-                        "leasectl: '{}' timed out after {}; stopping the command",
+                    say!(
+                        "'{}' timed out after {}; stopping the command",
                         cfg.target,
                         crate::fmt::duration(cfg.timeout.unwrap_or_default())
                     );
                     (Signal::SIGTERM, Outcome::TimedOut, Exit::TimedOut)
                 }
             };
-            // Keep the lease alive during the grace; if it goes anyway, no grace is left.
+            // The grace, but never past the lease's own deadline; the lease is kept alive
+            // meanwhile, and if it goes anyway the deadline still holds (it only moves later
+            // with a successful heartbeat).
+            let kill_at = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+            let stop = child.stop(first, kill_at);
+            tokio::pin!(stop);
             let s = tokio::select! {
-                s = child.stop(first, cfg.kill_after) => s,
+                s = &mut stop => s,
                 reason = hb.keep(db) => {
                     warn!("{reason}; killing the command");
                     lost = Some(reason);
-                    child.kill_now().await
+                    stop.await
                 }
             };
             (ChildStatus::from_exit_status(s), outcome, exit)
         }
     };
     let ended = Instant::now();
-    if lost.is_some() || outcome != Outcome::Completed {
-        child.kill_leftovers();
-    } else if child.end_leftovers(cfg.kill_after).await {
-        warn!("the command left processes running in its process group; they were stopped");
-    }
-    let (out, err): (Capture, Capture) = child.finish().await;
+    let (out, err) = wind_up(
+        &mut child,
+        &mut hb,
+        db,
+        cfg,
+        lost.is_none() && outcome == Outcome::Completed,
+    )
+    .await;
+    drop(child);
     let record = RunRecord {
         id: run_id,
         outcome: if lost.is_some() {
@@ -438,9 +590,41 @@ async fn execute(
         error: lost.clone(),
     };
     if lost.is_some() {
-        return record_lost(db, &lease, &record).await;
+        return record_lost(db, lease, &record).await;
     }
-    store(db, cfg, &lease, &record, exit).await
+    store(db, cfg, lease, &record, exit).await
+}
+
+/// After the command exited or was stopped: end what it left in its group and collect the
+/// rest of its output — bounded, and with heartbeats going on, so that a helper holding the
+/// output pipes open (one that left the group with `setsid`) can neither keep leasectl
+/// draining forever nor let the lease lapse under a command that succeeded.
+///
+/// `completed`: the command exited by itself, so what it left behind gets SIGTERM and a
+/// grace (by the lease's deadline); otherwise everything left is SIGKILLed at once.
+async fn wind_up(
+    child: &mut Child,
+    hb: &mut Heartbeat<'_>,
+    db: &mut Db,
+    cfg: &RunConfig,
+    completed: bool,
+) -> (Capture, Capture) {
+    let leftovers_by = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+    let tail = async {
+        if !completed {
+            child.kill_leftovers();
+        } else if child.end_leftovers(leftovers_by).await {
+            warn!("the command left processes running in its process group; they were stopped");
+        }
+        child.finish(Instant::now() + cfg.kill_after).await
+    };
+    tokio::pin!(tail);
+    tokio::select! {
+        out = &mut tail => out,
+        // A lease lost now is the fenced save's to judge; the tail's deadlines already
+        // end by the lease's.
+        _ = hb.keep(db), if completed => tail.await,
+    }
 }
 
 async fn sleep_until_opt(at: Option<Instant>) {
@@ -451,7 +635,8 @@ async fn sleep_until_opt(at: Option<Instant>) {
 }
 
 /// The fenced save, retried across connection failures for as long as the lease could still
-/// be ours. A retry first looks for the run id, in case a lost connection hid a commit.
+/// be ours. A retry first looks for the run id, in case a lost connection hid a commit. Each
+/// attempt has a client-side deadline; when time runs out, leasectl says so and exits 69.
 async fn store(
     db: &mut Db,
     cfg: &RunConfig,
@@ -464,13 +649,20 @@ async fn store(
     let mut attempt = 0;
     loop {
         let event_type = cfg.event_type.as_deref();
-        let result = lease::save_fenced(
-            &db.client,
-            &db.schema,
-            lease,
-            record,
-            event_type,
-            attempt > 0,
+        // At most half the time left, so that a connection stuck behind an unanswered
+        // statement leaves time for a retry on a fresh one.
+        let left = give_up_at.saturating_duration_since(Instant::now());
+        let until = Instant::now() + STATEMENT_DEADLINE.min(left / 2);
+        let result = bounded(
+            until,
+            lease::save_fenced(
+                &db.client,
+                &db.schema,
+                lease,
+                record,
+                event_type,
+                attempt > 0,
+            ),
         )
         .await;
         attempt += 1;
@@ -497,9 +689,10 @@ async fn store(
             }
             Err(e) if Instant::now() < give_up_at && is_unavailable(&e) => {
                 warn!("cannot store run {} yet ({:#}); retrying", record.id, e);
-                sleep(delay).await;
+                sleep(delay.min(give_up_at.saturating_duration_since(Instant::now()))).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
-                let _ = db.reconnect().await;
+                let left = give_up_at.saturating_duration_since(Instant::now());
+                let _ = timeout(left.max(Duration::from_millis(100)), db.reconnect()).await;
             }
             Err(e) => {
                 return Err(e.context(format!(
@@ -534,24 +727,35 @@ fn describe_status(r: &RunRecord<'_>) -> String {
 }
 
 /// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
-/// ours, and exits 76.
+/// ours, and exits 76. All of it best-effort within [`LOST_RECORD_DEADLINE`]: the command is
+/// already stopped, and a silent database must not hold up the exit.
 async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Result<Exit> {
-    let mut stored = lease::record_lost(&db.client, &db.schema, lease, record).await;
-    if stored.is_err() && db.reconnect().await.is_ok() {
-        stored = lease::record_lost(&db.client, &db.schema, lease, record).await;
+    let until = Instant::now() + LOST_RECORD_DEADLINE;
+    // The connection may be stuck behind the heartbeat that went unanswered: half the time
+    // for it, the other half for a fresh one.
+    let first = Instant::now() + LOST_RECORD_DEADLINE / 2;
+    let mut stored = bounded(first, lease::record_lost(&db.client, &db.schema, lease, record)).await;
+    if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
+        stored = bounded(until, lease::record_lost(&db.client, &db.schema, lease, record)).await;
     }
     match stored {
-        Ok(()) => eprintln!(
-            "leasectl: lease on '{}' lost; no result stored (output kept as lost run {})",
-            lease.target, record.id
+        Ok(()) => say!(
+            "lease on '{}' lost; no result stored (output kept as lost run {})",
+            lease.target,
+            record.id
         ),
         Err(e) => warn!(
             "lease on '{}' lost, and the lost run could not be recorded: {e:#}",
             lease.target
         ),
     }
-    let _ = lease::release(&db.client, &db.schema, lease).await;
+    release_within(db, lease, until).await;
     Ok(Exit::LeaseLost)
+}
+
+/// `what`'s output, or `None` if `until` came first.
+async fn timeout_at_ok<T>(until: Instant, what: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout_at(until, what).await.ok()
 }
 
 /// A spinner on stderr while waiting, for people only: nothing is drawn unless stderr is a
