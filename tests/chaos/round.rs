@@ -251,6 +251,13 @@ pub struct Spec {
     pub yes: bool,
 }
 
+/// A pipe whose ends are close-on-exec: the read end must stay in this process only, or the
+/// next contender (or any process the harness starts) would inherit it and the reader would
+/// never "go away".
+fn pipe() -> (OwnedFd, OwnedFd) {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).expect("pipe2")
+}
+
 fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
     let mut cmd = Command::new(&ctx.cfg.bin);
     for v in ["DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGPASSWORD", "PGSERVICE"] {
@@ -277,14 +284,14 @@ fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
         .process_group(0);
     let mut readers = Vec::new();
     if s.stdout_pipe {
-        let (r, w) = nix::unistd::pipe().unwrap();
+        let (r, w) = pipe();
         readers.push(r);
         cmd.stdout(Stdio::from(w));
     } else {
         cmd.stdout(File::create(dir.join(format!("{}.out", s.id))).unwrap());
     }
     if s.stderr_pipe {
-        let (r, w) = nix::unistd::pipe().unwrap();
+        let (r, w) = pipe();
         readers.push(r);
         cmd.stderr(Stdio::from(w));
     } else {
