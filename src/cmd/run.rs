@@ -44,8 +44,11 @@ const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How long the best-effort bookkeeping after a lost lease (the `lost` record, the release)
 /// may take in all: the command is already stopped, and the exit code must not wait on a
-/// database that stopped answering.
-const LOST_RECORD_DEADLINE: Duration = Duration::from_secs(5);
+/// database that stopped answering. The TTL, within 1s..5s: a short lease is a request for
+/// quick answers.
+fn lost_record_deadline(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
 
 /// Who we are, as recorded in the lease row and the run.
 struct Me {
@@ -590,7 +593,7 @@ async fn execute(
         error: lost.clone(),
     };
     if lost.is_some() {
-        return record_lost(db, lease, &record).await;
+        return record_lost(db, cfg, lease, &record).await;
     }
     store(db, cfg, lease, &record, exit).await
 }
@@ -685,7 +688,7 @@ async fn store(
                     error: Some(reason),
                     ..clone_record(record)
                 };
-                return record_lost(db, lease, &lost).await;
+                return record_lost(db, cfg, lease, &lost).await;
             }
             Err(e) if Instant::now() < give_up_at && is_unavailable(&e) => {
                 warn!("cannot store run {} yet ({:#}); retrying", record.id, e);
@@ -727,13 +730,19 @@ fn describe_status(r: &RunRecord<'_>) -> String {
 }
 
 /// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
-/// ours, and exits 76. All of it best-effort within [`LOST_RECORD_DEADLINE`]: the command is
+/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`]: the command is
 /// already stopped, and a silent database must not hold up the exit.
-async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Result<Exit> {
-    let until = Instant::now() + LOST_RECORD_DEADLINE;
+async fn record_lost(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    record: &RunRecord<'_>,
+) -> Result<Exit> {
+    let limit = lost_record_deadline(cfg.ttl);
+    let until = Instant::now() + limit;
     // The connection may be stuck behind the heartbeat that went unanswered: half the time
     // for it, the other half for a fresh one.
-    let first = Instant::now() + LOST_RECORD_DEADLINE / 2;
+    let first = Instant::now() + limit / 2;
     let mut stored = bounded(first, lease::record_lost(&db.client, &db.schema, lease, record)).await;
     if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
         stored = bounded(until, lease::record_lost(&db.client, &db.schema, lease, record)).await;

@@ -406,3 +406,98 @@ fn a_capture_limit_beyond_what_postgresql_can_store_is_a_usage_error() {
     let o = env.run(&["run", "--target", "c", "--capture-limit", "256MiB", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// Makes the lease table's statements for `target` slow: each heartbeat of it takes `secs`
+/// longer inside the database (a trigger that sleeps after the row is locked), while
+/// `heartbeat_at` still records the statement's start.
+fn slow_heartbeats(env: &Env, target: &str, secs: f64) {
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    env.sql(&format!(
+        "CREATE FUNCTION slow_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.target = '{target}' AND NEW.token = OLD.token THEN PERFORM pg_sleep({secs}); END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow BEFORE UPDATE OF heartbeat_at ON leases
+             FOR EACH ROW EXECUTE FUNCTION slow_heartbeat();"
+    ));
+}
+
+/// Holds the lease row locked until `command` (a pid) is dead, then returns whether it died
+/// before the lease could expire, judged on the database's clock from the last heartbeat
+/// the database recorded, and how long after that heartbeat it was seen dead.
+fn died_before_expiry(env: &Env, target: &str, command: i32, ttl: Duration) -> (bool, String) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = leasectl::db::Settings::new(Some(&env.url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap();
+        let tx = client.transaction().await.unwrap();
+        let q = format!(
+            "SELECT heartbeat_at::text FROM \"{}\".leases WHERE target = '{target}' FOR NO KEY UPDATE",
+            env.schema
+        );
+        let last: String = tx.query_one(&q, &[]).await.unwrap().get(0);
+        while alive(command) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let q = format!(
+            "SELECT clock_timestamp() - '{last}'::timestamptz < interval '{} milliseconds',
+                    (clock_timestamp() - '{last}'::timestamptz)::text",
+            ttl.as_millis()
+        );
+        let row = tx.query_one(&q, &[]).await.unwrap();
+        tx.rollback().await.unwrap();
+        (row.get(0), row.get(1))
+    })
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expires() {
+    // The grace after a lost lease is bounded by the lease: SIGTERM, and SIGKILL a margin
+    // before the TTL can run out, even for a command that ignores SIGTERM.
+    let env = Env::new();
+    let pidfile = env.path("pid");
+    let holder = env.spawn(&[
+        "run", "--target", "g", "--ttl", "2s", "--kill-after", "600ms", "--", "sh", "-c",
+        &format!(
+            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+            pidfile.display()
+        ),
+    ]);
+    let command = pid_in(&pidfile);
+    let (in_time, age) = died_before_expiry(&env, "g", command, Duration::from_secs(2));
+    assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl 2s)");
+    assert_eq!(code(&finish(holder)), 76);
+}
+
+#[test]
+fn the_stop_is_timed_from_the_send_of_the_last_good_heartbeat_not_its_answer() {
+    // Heartbeats that take 600ms to be answered: the database dated each at its start (about
+    // when it was sent). Timing the stop from the answer would SIGKILL 600ms too late.
+    let env = Env::new();
+    slow_heartbeats(&env, "s", 0.6);
+    let pidfile = env.path("pid");
+    let holder = env.spawn(&[
+        "run", "--target", "s", "--ttl", "2s", "--heartbeat", "300ms", "--kill-after", "500ms",
+        "--", "sh", "-c",
+        &format!(
+            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+            pidfile.display()
+        ),
+    ]);
+    let command = pid_in(&pidfile);
+    // Let a few slow heartbeats succeed first.
+    wait_for("a slow heartbeat to be confirmed", || {
+        env.scalar("SELECT heartbeat_at > acquired_at FROM leases WHERE target = 's'") == "t"
+    });
+    let (in_time, age) = died_before_expiry(&env, "s", command, Duration::from_secs(2));
+    assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl 2s)");
+    assert_eq!(code(&finish(holder)), 76);
+}
