@@ -135,8 +135,8 @@ pub struct RunConfig {
 
 impl RunConfig {
     /// The heartbeat schedule's durations.
-    pub fn times(&self) -> crate::heartbeat::Times {
-        crate::heartbeat::Times {
+    pub fn times(&self) -> crate::run::heartbeat::Times {
+        crate::run::heartbeat::Times {
             ttl: self.ttl,
             interval: self.heartbeat,
             kill_after: self.kill_after,

@@ -9,11 +9,12 @@
 //!   migrates the schema under an advisory lock.
 //! * [`lease`] holds every SQL statement of the lease: acquire, heartbeat, release and the
 //!   fenced save that stores the run and its outbox event only while the token still matches.
-//! * [`heartbeat`] renews a held lease and decides, on the monotonic clock, when the command
-//!   must be stopped because the lease could otherwise expire under it.
-//! * [`supervise`] owns the child process: its process group, output capture, signals, the
-//!   stop with grace, and the watchdog that kills it if leasectl dies.
-//! * [`cmd::run`] ties them together; the other [`cmd`] modules are the operator commands.
+//! * [`run`] is the run path: [`run::wait`]-ing for the lease, the [`run::heartbeat`] that
+//!   renews it and decides, on the monotonic clock, when the command must be stopped, and
+//!   the fenced save at the end.
+//! * [`process`] is the one process supervisor (process group, watchdog, stop by a deadline,
+//!   leftovers, output capture), shared by `run` and the relay's `exec:` sink.
+//! * [`cmd`] has one thin module per subcommand.
 //! * [`exit`] lists every exit code; `main.rs` maps the outcome to one and prints errors once.
 
 pub mod cli;
@@ -22,13 +23,13 @@ pub mod config;
 pub mod db;
 pub mod exit;
 pub mod fmt;
-pub mod heartbeat;
 pub mod lease;
 #[macro_use]
 pub mod log;
 pub mod outbox;
+pub mod process;
 pub mod relay;
+pub mod run;
 pub mod signals;
 pub mod sink;
-pub mod supervise;
 pub mod tls;

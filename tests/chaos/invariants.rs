@@ -232,8 +232,14 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         // the lost run is best effort. (A holder whose command had finished may retry its save
         // until the database is back: that keeps a result and is not a hang.)
         let bound = ctx.cfg.ttl_ms as f64 / 1e3 + 1.5;
+        // Its command finished by itself (it logged its end) before the silence was over.
+        let finished = o
+            .observed
+            .lines
+            .iter()
+            .any(|l| l.kind == "end" && l.id == a.id);
         if let Some((exit, _)) = a.exit {
-            if a.code() == Some(76) && exit > start + bound && bound < hold && !a.hung {
+            if a.code() == Some(76) && !finished && exit > start + bound && bound < hold && !a.hung {
                 v.push((Inv::H, format!(
                     "{} lost its database for {hold:.1}s and exited only {:.1}s after the silence began (bound {bound:.1}s)",
                     a.id, exit - start)));

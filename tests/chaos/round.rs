@@ -408,21 +408,21 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
                 let t = now();
                 ctx.cluster.stop();
                 silence = Some((t, hold));
-                std::thread::sleep(Duration::from_secs_f64((t + hold - now()).max(0.0)));
+                poll_until(&mut cs, t + hold);
                 ctx.cluster.start_again();
             }
             Fault::DbFreeze => {
                 let t = now();
                 ctx.cluster.freeze();
                 silence = Some((t, hold));
-                std::thread::sleep(Duration::from_secs_f64(hold));
+                poll_until(&mut cs, t + hold);
                 ctx.cluster.thaw();
             }
             Fault::BlackHole => {
                 let t = now();
                 ctx.proxy.set_black_hole(true);
                 silence = Some((t, hold));
-                std::thread::sleep(Duration::from_secs_f64(hold));
+                poll_until(&mut cs, t + hold);
                 ctx.proxy.set_black_hole(false);
             }
             Fault::Cut => ctx.proxy.cut(),
@@ -477,5 +477,16 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
         leftovers,
         silence,
         dir,
+    }
+}
+
+/// Sleeps until `t` (a [`now`] value) while noting when each contender exits, so that an exit
+/// during a silence is timed when it happens, not when the silence ends.
+fn poll_until(cs: &mut [Contender], t: f64) {
+    while now() < t {
+        for c in cs.iter_mut() {
+            c.poll();
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -1,111 +1,89 @@
-//! The child process: spawn, stream and capture its output, signal it, stop it with a grace.
+//! The one process-group supervisor: `leasectl run`'s command and the relay's `exec:` sink
+//! both run through [`Group`].
 //!
-//! One owner ([`Child`]) holds the process, like watchexec's supervisor: the run loop asks it to
-//! wait, signal or stop, and nothing else touches the pid. The child gets its own process group
-//! so a stop reaches everything it started, and it cannot outlive leasectl:
+//! A [`Group`] is a child process in a process group of its own, so that a stop reaches
+//! everything it started:
 //!
 //! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
-//!   it to the *thread*, so we fork from the runtime's main thread (leasectl runs a
+//!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run.
-//! * a [`Watchdog`] process kills the whole group if leasectl vanishes (even `kill -9`, even
-//!   a SIGKILL to leasectl's whole process group), which also covers grandchildren such as
-//!   the commands of a `sh -c` pipeline. The watchdog is forked *first* and leads the process
-//!   group the child then joins, so there is no moment in which the child runs unguarded; it
-//!   stays in that group, out of leasectl's, and ignores the signals a terminal or a job
-//!   runner sends, so whatever kills leasectl's group does not kill the watchdog.
-//! * a panic never stands the watchdog down: the unwinding closes its pipe without the
-//!   stand-down byte, which the watchdog takes as "leasectl is gone".
+//! * with [`Options::watchdog`], a [`Watchdog`] process kills the whole group if leasectl
+//!   vanishes (even `kill -9`, even a SIGKILL to leasectl's whole process group), which also
+//!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is forked
+//!   *first* and leads the process group the child then joins, so there is no moment in which
+//!   the child runs unguarded; it stays in that group, out of leasectl's, and ignores the
+//!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
+//!   kill the watchdog. A panic never stands it down: the unwinding closes its pipe without
+//!   the stand-down byte, which the watchdog takes as "leasectl is gone".
+//! * stopping is "signal, wait until a deadline, SIGKILL" ([`Group::stop`]); what the child
+//!   left behind in its group is found in `/proc`, zombies not counted ([`Group::has_leftovers`]).
+//! * dropping a group whose child has not been reaped SIGKILLs the group: a supervisor that
+//!   gives up on a child (a cancelled delivery, an error) never leaves it running.
 
-use std::ffi::OsString;
 use std::io::{self, IsTerminal};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::task::JoinHandle;
+use tokio::process::Command;
 use tokio::time::Instant;
 
-/// What a stream of the child produced, up to the capture limit.
-#[derive(Debug, Default)]
-pub struct Capture {
-    pub bytes: Vec<u8>,
-    pub truncated: bool,
+/// How a [`Group`] is set up around its command.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Fork a [`Watchdog`] that kills the group if leasectl dies (see the module docs).
+    pub watchdog: bool,
+    /// When stdin is leasectl's terminal and leasectl is in its foreground, hand the terminal
+    /// to the command's group for the command's lifetime (interactive commands can read it).
+    pub terminal: bool,
 }
 
-/// Why the command could not be started.
-#[derive(Debug)]
-pub struct SpawnError {
-    /// 127 for "not found", 126 for "found but not executable".
-    pub exit_code: u8,
-    pub message: String,
-}
-
-pub struct Spec<'a> {
-    pub argv: &'a [OsString],
-    pub env: Vec<(&'static str, String)>,
-    pub echo: bool,
-    pub capture_limit: usize,
-}
-
-/// The running child and the tasks pumping its output.
-pub struct Child {
+/// A child process leading (or, with a watchdog, in) a process group of its own.
+pub struct Group {
     child: tokio::process::Child,
     pgid: Pid,
-    /// The watchdog, a member of the command's group that is not the command's.
-    watchdog_pid: Option<Pid>,
     status: Option<ExitStatus>,
-    stdout: Pump,
-    stderr: Pump,
-    /// Held for their `Drop`: stand the watchdog down, give the terminal back.
-    _watchdog: Option<Watchdog>,
+    /// Dropped after the group is dealt with: stand the watchdog down, give the terminal back.
+    watchdog: Option<Watchdog>,
     _terminal: Option<Terminal>,
 }
 
-/// How long to keep reading output after the child exited, in case something it left behind
-/// still holds the pipe open.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(1);
-
-impl Child {
-    pub fn spawn(spec: Spec<'_>) -> Result<Child, SpawnError> {
-        let (program, args) = spec
-            .argv
-            .split_first()
-            .expect("RunConfig guarantees a command");
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::inherit())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(false);
-        // The watchdog leads the group; without one (fork failed) the child leads its own.
-        let watchdog = match Watchdog::arm() {
-            Ok(w) => Some(w),
-            Err(e) => {
-                crate::warn!(
-                    "cannot start the watchdog ({e}); the command may outlive a killed leasectl"
-                );
-                None
+impl Group {
+    /// Spawns `cmd` (its arguments, environment and stdio already set) in a new process group.
+    pub fn spawn(mut cmd: Command, opts: Options) -> io::Result<Group> {
+        cmd.kill_on_drop(false);
+        // The watchdog leads the group; without one the child leads its own.
+        let watchdog = if opts.watchdog {
+            match Watchdog::arm() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    crate::warn!(
+                        "cannot start the watchdog ({e}); the command may outlive a killed leasectl"
+                    );
+                    None
+                }
             }
+        } else {
+            None
         };
         cmd.process_group(watchdog.as_ref().map_or(0, |w| w.pid.as_raw()));
-        let terminal = Terminal::foreground();
+        let terminal = if opts.terminal {
+            Terminal::foreground()
+        } else {
+            None
+        };
         let parent = nix::unistd::getpid();
         let hand_over_tty = terminal.is_some();
-        // SAFETY: only async-signal-safe calls (prctl, getppid, signal, tcsetpgrp, getpid,
-        // _exit) run between fork and exec.
+        // SAFETY: between fork and exec only async-signal-safe calls run: prctl, getppid,
+        // signal, tcsetpgrp, getpgrp and _exit are plain system calls; nothing allocates or
+        // takes a lock another thread of leasectl could hold.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 // leasectl may have died between fork and prctl: then nobody would kill us.
-                if libc::getppid() != parent.as_raw() {
+                if nix::unistd::getppid() != parent {
                     libc::_exit(1);
                 }
                 if hand_over_tty {
@@ -119,29 +97,23 @@ impl Child {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| spawn_error(program, &e))?;
+        let child = cmd.spawn()?;
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = watchdog
             .as_ref()
             .map_or(Pid::from_raw(pid as i32), |w| w.pid);
-        let out = child.stdout.take().expect("stdout is piped");
-        let err = child.stderr.take().expect("stderr is piped");
-        let limit = spec.capture_limit;
-        // A reader of our stdout that went away must reach the command as a broken pipe, as
-        // it would without leasectl (`leasectl run -- yes | head`); a broken stderr only
-        // stops the echo, since diagnostics must not kill the command.
-        let stdout = Pump::start(out, spec.echo.then(tokio::io::stdout), limit, OnEchoError::ClosePipe);
-        let stderr = Pump::start(err, spec.echo.then(tokio::io::stderr), limit, OnEchoError::KeepReading);
-        Ok(Child {
+        Ok(Group {
             child,
             pgid,
-            watchdog_pid: watchdog.as_ref().map(|w| w.pid),
             status: None,
-            stdout,
-            stderr,
-            _watchdog: watchdog,
+            watchdog,
             _terminal: terminal,
         })
+    }
+
+    /// The child's stdin, stdout and stderr pipes (those set to `Stdio::piped()`).
+    pub fn child_mut(&mut self) -> &mut tokio::process::Child {
+        &mut self.child
     }
 
     /// Waits for the direct child to exit. Cancel-safe; returns the same status once known.
@@ -189,7 +161,8 @@ impl Child {
                 self.wait().await
             }
         };
-        self.kill_leftovers();
+        // What the child started may still be there, ignoring `first`: the same deadline.
+        self.end_leftovers(kill_at).await;
         status
     }
 
@@ -208,32 +181,38 @@ impl Child {
     /// Zombies do not count: they run nothing (an init that reaps late must not make us wait
     /// out the grace for processes that are already gone).
     pub fn has_leftovers(&self) -> bool {
-        group_has_live_members(self.pgid, self.watchdog_pid)
+        group_has_live_members(self.pgid, self.watchdog.as_ref().map(|w| w.pid))
     }
 
-    /// After a normal exit: anything the command left running in its group (`cmd &`) would
-    /// keep working without a lease, so it gets SIGTERM, then SIGKILL at `kill_at`. Returns
-    /// whether there was anything to stop. (A process that must outlive the run has to leave
-    /// the group, e.g. with setsid.)
+    /// After the child exited: anything it left running in its group (`cmd &`) gets SIGTERM,
+    /// then SIGKILL at `kill_at` (at once if that has passed). Returns whether there was
+    /// anything to stop. (A process that must outlive the child has to leave the group, e.g.
+    /// with setsid.)
     pub async fn end_leftovers(&self, kill_at: Instant) -> bool {
         if !self.has_leftovers() {
             return false;
         }
-        self.signal(Signal::SIGTERM);
+        if Instant::now() < kill_at {
+            self.signal(Signal::SIGTERM);
+        }
         while self.has_leftovers() && Instant::now() < kill_at {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.kill_leftovers();
         true
     }
+}
 
-    /// Collects the captured output. Call after the child exited.
-    ///
-    /// Waits for end of file on both pipes, but a process the child left behind (one that
-    /// left the group with `setsid`, say) may hold them open: reading stops once nothing has
-    /// arrived for [`DRAIN_AFTER_EXIT`], and at `until` in any case, and the pipes are closed.
-    pub async fn finish(&mut self, until: Instant) -> (Capture, Capture) {
-        tokio::join!(self.stdout.drain(until), self.stderr.drain(until))
+/// A group whose child was never reaped is killed: whoever dropped it gave up on it. (Once
+/// the child is reaped and there is no watchdog, the group id may be reused, so it is left.)
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.status.is_none() || self.watchdog.is_some() && self.has_leftovers() {
+            self.signal(Signal::SIGKILL);
+            if self.status.is_none() {
+                let _ = self.child.start_kill();
+            }
+        }
     }
 }
 
@@ -264,123 +243,6 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
         }
     }
     false
-}
-
-/// What a [`Pump`] does when echoing to our own stream fails (its reader went away).
-#[derive(Clone, Copy)]
-enum OnEchoError {
-    /// Stop reading and close the child's pipe, so the child gets SIGPIPE/EPIPE on its next
-    /// write, as it would have writing to our stream directly.
-    ClosePipe,
-    /// Stop echoing, keep capturing.
-    KeepReading,
-}
-
-/// One output stream of the child, copied to ours (unless quiet) and into a capped buffer.
-struct Pump {
-    task: JoinHandle<()>,
-    capture: Arc<Mutex<Capture>>,
-    /// Bytes seen so far, to tell a stream that is still flowing from one held open idly.
-    seen: Arc<AtomicU64>,
-}
-
-impl Pump {
-    fn start<R, W>(from: R, echo: Option<W>, limit: usize, on_error: OnEchoError) -> Pump
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
-        let capture = Arc::new(Mutex::new(Capture::default()));
-        let seen = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(pump(
-            from,
-            echo,
-            limit,
-            on_error,
-            capture.clone(),
-            seen.clone(),
-        ));
-        Pump {
-            task,
-            capture,
-            seen,
-        }
-    }
-
-    /// Reads to end of file, until the stream has been idle for [`DRAIN_AFTER_EXIT`], or
-    /// until `until`, whichever comes first; then drops the pipe's read end.
-    async fn drain(&mut self, until: Instant) -> Capture {
-        loop {
-            let before = self.seen.load(Ordering::Relaxed);
-            let idle_at = (Instant::now() + DRAIN_AFTER_EXIT).min(until);
-            if tokio::time::timeout_at(idle_at, &mut self.task)
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            if self.seen.load(Ordering::Relaxed) == before || Instant::now() >= until {
-                self.task.abort();
-                // Aborting drops the task, and with it the read end, at its next poll.
-                let _ = (&mut self.task).await;
-                break;
-            }
-        }
-        std::mem::take(&mut *self.capture.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
-
-async fn pump<R, W>(
-    mut from: R,
-    mut echo: Option<W>,
-    limit: usize,
-    on_error: OnEchoError,
-    capture: Arc<Mutex<Capture>>,
-    seen: Arc<AtomicU64>,
-) where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        seen.fetch_add(n as u64, Ordering::Relaxed);
-        let chunk = &buf[..n];
-        {
-            let mut cap = capture.lock().unwrap_or_else(|p| p.into_inner());
-            let room = limit.saturating_sub(cap.bytes.len());
-            if n > room {
-                cap.truncated = true;
-            }
-            cap.bytes.extend_from_slice(&chunk[..n.min(room)]);
-        }
-        if let Some(w) = echo.as_mut() {
-            if w.write_all(chunk).await.is_err() || w.flush().await.is_err() {
-                echo = None;
-                if let OnEchoError::ClosePipe = on_error {
-                    // Returning drops `from`: the child's next write fails with EPIPE.
-                    return;
-                }
-            }
-        }
-    }
-}
-
-fn spawn_error(program: &OsString, e: &io::Error) -> SpawnError {
-    let exit_code = if e.kind() == io::ErrorKind::NotFound {
-        127
-    } else {
-        126
-    };
-    SpawnError {
-        exit_code,
-        message: format!("cannot run '{}': {e}", program.to_string_lossy()),
-    }
 }
 
 /// A forked process that creates the child's process group and SIGKILLs that group when
@@ -510,9 +372,8 @@ impl Terminal {
         if !stdin.is_terminal() {
             return None;
         }
-        // SAFETY: a plain system call on fd 0.
-        let fg = unsafe { libc::tcgetpgrp(libc::STDIN_FILENO) };
-        (fg == nix::unistd::getpgrp().as_raw()).then_some(Terminal)
+        let fg = nix::unistd::tcgetpgrp(&stdin).ok()?;
+        (fg == nix::unistd::getpgrp()).then_some(Terminal)
     }
 }
 

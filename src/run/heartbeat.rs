@@ -11,7 +11,6 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::db::{self, Db};
 use crate::lease::{self, Lease};
-use crate::{info, warn};
 
 /// Renews the lease and decides, on the local monotonic clock, when it must be given up.
 ///
