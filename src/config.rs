@@ -29,9 +29,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if t.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("'{t}' has no unit (expected e.g. {t}s or {t}ms)"));
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)"))
+    let d = humantime::parse_duration(t).map_err(|e| {
+        format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)")
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!("'{t}' is too long (at most 100 years)"));
+    }
+    Ok(d)
 }
+
+/// The longest duration any flag takes. Bounding them at parse time keeps every sum with an
+/// instant (a deadline) and every interval PostgreSQL computes from them in range, so no
+/// value a user types can make leasectl panic — least of all after it took the lease.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600); // 100 × 365.25 days
 
 /// `--wait` alone waits forever; `--wait=DUR` waits up to DUR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +230,11 @@ mod tests {
         assert!(parse_duration("5").unwrap_err().contains("no unit"));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("100y").is_ok());
+        assert!(parse_duration("150000000000000d")
+            .unwrap_err()
+            .contains("too long"));
+        assert!(parse_wait("150000000000000d").is_err());
     }
 
     #[test]

@@ -26,12 +26,31 @@ fn main() -> ExitCode {
             return ExitCode::from(Exit::INTERNAL);
         }
     };
-    let exit = match runtime.block_on(leasectl::cmd::dispatch(cli)) {
-        Ok(exit) => exit,
-        Err(err) => {
+    // A panic is a bug, but it must still end as one line and exit 70, and unwinding must
+    // run the drops that kill a running command's process group (the watchdog, seeing its
+    // pipe close without a stand-down, kills it too).
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info
+            .location()
+            .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+        leasectl::say!("internal error: {}{at}, please report", one_line(&what));
+    }));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(leasectl::cmd::dispatch(cli))
+    }));
+    let exit = match outcome {
+        Ok(Ok(exit)) => exit,
+        Ok(Err(err)) => {
             leasectl::say!("{}", one_line(&format!("{err:#}")));
             Exit::from_error(&err)
         }
+        Err(_) => Exit::Internal,
     };
     // Do not wait for blocking-pool threads (stdin readers and the like).
     runtime.shutdown_background();

@@ -246,6 +246,14 @@ async fn execute(
         }
     };
 
+    // A test-only trigger (debug builds): panic once the file it names exists, to prove that a
+    // panic mid-run still ends the command.
+    if let Some(path) = std::env::var_os("LEASECTL_TEST_PANIC").filter(|_| cfg!(debug_assertions)) {
+        while !std::path::Path::new(&path).exists() {
+            sleep(Duration::from_millis(20)).await;
+        }
+        panic!("LEASECTL_TEST_PANIC");
+    }
     let timeout_at = cfg.timeout.map(|t| started + t);
     let ending = tokio::select! {
         status = child.wait() => Ending::Exited(status),

@@ -501,3 +501,30 @@ fn the_stop_is_timed_from_the_send_of_the_last_good_heartbeat_not_its_answer() {
     assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl 2s)");
     assert_eq!(code(&finish(holder)), 76);
 }
+
+#[test]
+fn a_panic_mid_run_is_one_line_exit_70_and_the_command_dies_with_leasectl() {
+    // A bug must not leave the command running without supervision: the panic unwinds, and the
+    // group is killed (by the group's drop, and by the watchdog whose pipe closed).
+    let env = Env::new();
+    let bg = env.path("bg");
+    let trigger = env.path("panic-now");
+    let script = format!(
+        "sleep 300 & echo $! > '{}'; touch '{}'; wait",
+        bg.display(),
+        trigger.display()
+    );
+    let o = env
+        .command()
+        .env("LEASECTL_TEST_PANIC", &trigger)
+        .args(["run", "--target", "p", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 70, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.starts_with("leasectl: internal error: LEASECTL_TEST_PANIC"), "{err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "{err}");
+    let bg = pid_in(&bg);
+    wait_for("the grandchild to die with leasectl", || !alive(bg));
+}
