@@ -160,7 +160,7 @@ async fn prepare(
             // The connection may be stuck behind the unanswered statement: the lease is left
             // to expire by its TTL.
             return Err(e.context(format!(
-                "cannot start the command on '{}' while the lease is certain",
+                "the command was not started: '{}' was acquired, but the database did not confirm it in time",
                 cfg.target
             )));
         }
