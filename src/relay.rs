@@ -305,7 +305,7 @@ impl Relay {
                 let attempt = c.attempts.saturating_add(1);
                 Settle::Failed {
                     error,
-                    retry_in: retry_delay(attempt, rand::random::<f64>()),
+                    retry_in: retry_delay(attempt, fastrand::f64()),
                     dead: attempt >= self.cfg.max_attempts,
                 }
             }
@@ -539,7 +539,7 @@ impl Backoff {
     fn next(&mut self) -> Duration {
         let d = self.current;
         self.current = (self.current * 2).min(self.cap);
-        d.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+        d.mul_f64(0.8 + 0.4 * fastrand::f64())
     }
 
     fn reset(&mut self) {
