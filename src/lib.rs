@@ -24,11 +24,9 @@ pub mod error;
 pub mod exit;
 pub mod fmt;
 pub mod heartbeat;
-pub mod lease;
 #[macro_use]
 pub mod log;
-pub mod outbox;
 pub mod relay;
 pub mod signals;
-pub mod sink;
+pub mod store;
 pub mod supervise;

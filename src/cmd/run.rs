@@ -23,8 +23,9 @@ use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
 use crate::heartbeat::Heartbeat;
-use crate::lease::{self, Acquired, DbClock, Lease, Outcome, RunRecord, Saved};
 use crate::signals::Signals;
+use crate::store::leases::{self, Acquired, DbClock, Lease};
+use crate::store::runs::{self, Outcome, RunRecord, Saved};
 use crate::supervise::{Capture, Child, Spec};
 use crate::{info, warn};
 
@@ -52,7 +53,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     };
 
     if let Some(within) = cfg.reuse_within {
-        if let Some(r) = lease::reusable(&db.client, &db.schema, &cfg.target, within).await? {
+        if let Some(r) = runs::reusable(&db.client, &db.schema, &cfg.target, within).await? {
             info!("reusing run {} of '{}'", r.id, cfg.target);
             print_stdout(&cfg, &r.stdout)?;
             return Ok(Exit::Code(0));
@@ -67,8 +68,8 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
 
     // A run may have finished between our reuse check and the acquisition.
     if let Some(within) = cfg.reuse_within {
-        if let Some(r) = lease::reusable(&db.client, &db.schema, &cfg.target, within).await? {
-            lease::release(&db.client, &db.schema, &lease).await?;
+        if let Some(r) = runs::reusable(&db.client, &db.schema, &cfg.target, within).await? {
+            leases::release(&db.client, &db.schema, &lease).await?;
             print_stdout(&cfg, &r.stdout)?;
             return Ok(Exit::Code(0));
         }
@@ -179,7 +180,7 @@ enum Attempt {
     /// Try again at once.
     Again,
     /// Busy: this is the holder.
-    Wait(lease::Holder),
+    Wait(leases::Holder),
 }
 
 impl Waiter {
@@ -190,7 +191,7 @@ impl Waiter {
             }
         }
         let sent = Instant::now();
-        let holder = match lease::acquire(
+        let holder = match leases::acquire(
             &db.client,
             &db.schema,
             &cfg.target,
@@ -254,7 +255,7 @@ async fn released(
 /// whose stdout was cut) is not shared: the waiters compete and one of them runs.
 async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Exit>> {
     let Some((run, truncated)) =
-        lease::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
+        runs::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
     else {
         return Ok(None);
     };
@@ -464,7 +465,7 @@ async fn store(
     let mut attempt = 0;
     loop {
         let event_type = cfg.event_type.as_deref();
-        let result = lease::save_fenced(
+        let result = runs::save_fenced(
             &db.client,
             &db.schema,
             lease,
@@ -536,9 +537,9 @@ fn describe_status(r: &RunRecord<'_>) -> String {
 /// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
 /// ours, and exits 76.
 async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Result<Exit> {
-    let mut stored = lease::record_lost(&db.client, &db.schema, lease, record).await;
+    let mut stored = runs::record_lost(&db.client, &db.schema, lease, record).await;
     if stored.is_err() && db.reconnect().await.is_ok() {
-        stored = lease::record_lost(&db.client, &db.schema, lease, record).await;
+        stored = runs::record_lost(&db.client, &db.schema, lease, record).await;
     }
     match stored {
         Ok(()) => eprintln!(
@@ -550,7 +551,7 @@ async fn record_lost(db: &mut Db, lease: &Lease, record: &RunRecord<'_>) -> Resu
             lease.target
         ),
     }
-    let _ = lease::release(&db.client, &db.schema, lease).await;
+    let _ = leases::release(&db.client, &db.schema, lease).await;
     Ok(Exit::LeaseLost)
 }
 

@@ -46,3 +46,13 @@ impl Schema {
         format!("{}.outbox", self.name())
     }
 }
+
+/// Subscribes this connection to `channel` (quoted, so any schema name is safe).
+pub async fn listen(
+    client: &tokio_postgres::Client,
+    channel: &str,
+) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
+        .await
+}
