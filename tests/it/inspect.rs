@@ -271,7 +271,7 @@ fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() 
         let mut notes = db.notifications;
         db.client.batch_execute(&format!("LISTEN \"{}.outbox\"", env.schema)).await.unwrap();
         // leasectl's own save (which sends the NOTIFY itself and skips the trigger).
-        let o = env.command().args(["run", "--target", "n", "--", "true"]).output().unwrap();
+        let o = env.command().args(["run", "--target", "n", "--", "true"]).output_in_time();
         assert_eq!(code(&o), 0);
         assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
         // An application's own transaction, through the trigger.
