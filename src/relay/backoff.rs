@@ -48,7 +48,7 @@ impl Outage {
 
     /// Records a failed try; returns how long to wait before the next one.
     pub fn down(&mut self, msg: &str) -> Duration {
-        let delay = self.backoff.next();
+        let delay = self.backoff.next_delay();
         let now = Instant::now();
         let sink = &self.sink;
         match self.since {
@@ -101,7 +101,7 @@ impl Backoff {
         }
     }
 
-    pub fn next(&mut self) -> Duration {
+    pub fn next_delay(&mut self) -> Duration {
         let d = self.current;
         self.current = (self.current * 2).min(self.cap);
         d.mul_f64(0.8 + 0.4 * fastrand::f64())
@@ -135,10 +135,10 @@ mod tests {
     #[test]
     fn backoff_doubles_to_its_cap_and_resets() {
         let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
-        let seen: Vec<Duration> = (0..8).map(|_| b.next()).collect();
+        let seen: Vec<Duration> = (0..8).map(|_| b.next_delay()).collect();
         assert!(seen[0] >= Duration::from_millis(800) && seen[0] <= Duration::from_millis(1200));
         assert!(seen[7] >= Duration::from_secs(24) && seen[7] <= Duration::from_secs(36));
         b.reset();
-        assert!(b.next() <= Duration::from_millis(1200));
+        assert!(b.next_delay() <= Duration::from_millis(1200));
     }
 }

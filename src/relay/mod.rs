@@ -269,7 +269,7 @@ impl Relay {
     ) -> Result<()> {
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(backoff.next()) => {}
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
                 _ = stop.cancelled() => return Ok(()),
             }
             let attempt = async {
