@@ -61,7 +61,8 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
     let probe = client
         .simple_query(&schema.sql(&format!(
             "{SET_STATEMENT_TIMEOUT};
-             SELECT version, encode(checksum, 'hex') FROM {{s}}.schema_migrations ORDER BY version"
+             SELECT version, encode(checksum, 'hex') AS checksum
+               FROM {{s}}.schema_migrations ORDER BY version"
         )))
         .await;
     match probe {
@@ -70,8 +71,8 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
                 .iter()
                 .filter_map(|m| match m {
                     SimpleQueryMessage::Row(r) => {
-                        let version = r.get(0)?.parse().ok()?;
-                        Some((version, r.get(1).map(from_hex)))
+                        let version = r.get("version")?.parse().ok()?;
+                        Some((version, r.get("checksum").map(from_hex)))
                     }
                     _ => None,
                 })
