@@ -16,6 +16,10 @@ pub const MAX_TARGET_CHARS: usize = 200;
 /// suffix to it and must stay within 63 themselves.
 pub const MAX_SCHEMA_BYTES: usize = 48;
 
+/// The largest `--capture-limit`: stdout and stderr travel to PostgreSQL in one message, which
+/// it caps at 1 GiB, so each stream gets at most a quarter of that (room for the rest).
+pub const MAX_CAPTURE_LIMIT: usize = 256 << 20;
+
 /// Parses `500ms`, `30s`, `2m`, `1h`, `1d` (and combinations such as `1h30m`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
@@ -25,9 +29,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if t.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("'{t}' has no unit (expected e.g. {t}s or {t}ms)"));
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)"))
+    let d = humantime::parse_duration(t).map_err(|e| {
+        format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)")
+    })?;
+    if d > MAX_DURATION {
+        return Err(format!("'{t}' is too long (at most 100 years)"));
+    }
+    Ok(d)
 }
+
+/// The longest duration any flag takes. Bounding them at parse time keeps every sum with an
+/// instant (a deadline) and every interval PostgreSQL computes from them in range, so no
+/// value a user types can make leasectl panic — least of all after it took the lease.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600); // 100 × 365.25 days
 
 /// `--wait` alone waits forever; `--wait=DUR` waits up to DUR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +144,15 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The heartbeat schedule's durations.
+    pub fn times(&self) -> crate::run::heartbeat::Times {
+        crate::run::heartbeat::Times {
+            ttl: self.ttl,
+            interval: self.heartbeat,
+            kill_after: self.kill_after,
+        }
+    }
+
     pub fn new(a: RunArgs) -> anyhow::Result<RunConfig> {
         if a.ttl < Duration::from_millis(100) {
             return Err(usage(format!(
@@ -153,6 +176,12 @@ impl RunConfig {
                 humantime::format_duration(heartbeat),
                 humantime::format_duration(kill_after),
                 humantime::format_duration(a.ttl),
+            )));
+        }
+        if a.capture_limit > MAX_CAPTURE_LIMIT {
+            return Err(usage(format!(
+                "--capture-limit {} is too large (at most 256MiB: stdout and stderr are stored in one PostgreSQL message, which holds at most 1GiB)",
+                a.capture_limit
             )));
         }
         if a.timeout.is_some_and(|t| t.is_zero()) {
@@ -201,6 +230,11 @@ mod tests {
         assert!(parse_duration("5").unwrap_err().contains("no unit"));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("").is_err());
+        assert!(parse_duration("100y").is_ok());
+        assert!(parse_duration("150000000000000d")
+            .unwrap_err()
+            .contains("too long"));
+        assert!(parse_wait("150000000000000d").is_err());
     }
 
     #[test]

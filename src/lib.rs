@@ -10,13 +10,14 @@
 //! * [`store`] holds every SQL statement, one module per table: [`store::leases`] (acquire,
 //!   heartbeat, release), [`store::runs`] (the fenced save that stores the run and its outbox
 //!   event only while the token still matches) and [`store::outbox`].
-//! * [`heartbeat`] renews a held lease and decides, on the monotonic clock, when the command
-//!   must be stopped because the lease could otherwise expire under it.
-//! * [`supervise`] owns the child process: its process group, output capture, signals, the
-//!   stop with grace, and the watchdog that kills it if leasectl dies.
-//! * [`cmd::run`] ties them together; the other [`cmd`] modules are the operator commands.
+//! * [`run`] is the run path: [`run::wait`]-ing for the lease, the [`run::heartbeat`] that
+//!   renews it and decides, on the monotonic clock, when the command must be stopped, and
+//!   the fenced save at the end.
+//! * [`process`] is the one process supervisor (process group, watchdog, stop by a deadline,
+//!   leftovers, output capture), shared by `run` and the relay's `exec:` sink.
 //! * [`relay`] moves outbox events to a sink: the loop, [`relay::publish`] (the scheduler) and
 //!   one module per sink in [`relay::sink`].
+//! * [`cmd`] has one thin module per subcommand.
 //! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
 //!   `main.rs` maps the outcome to one and prints errors once.
 
@@ -27,10 +28,10 @@ pub mod db;
 pub mod error;
 pub mod exit;
 pub mod fmt;
-pub mod heartbeat;
 #[macro_use]
 pub mod log;
+pub mod process;
 pub mod relay;
+pub mod run;
 pub mod signals;
 pub mod store;
-pub mod supervise;

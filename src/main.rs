@@ -22,16 +22,35 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("leasectl: cannot start the runtime: {e}");
+            leasectl::say!("cannot start the runtime: {e}");
             return ExitCode::from(Exit::INTERNAL);
         }
     };
-    let exit = match runtime.block_on(leasectl::cmd::dispatch(cli)) {
-        Ok(exit) => exit,
-        Err(err) => {
-            eprintln!("leasectl: {}", one_line(&format!("{err:#}")));
+    // A panic is a bug, but it must still end as one line and exit 70, and unwinding must
+    // run the drops that kill a running command's process group (the watchdog, seeing its
+    // pipe close without a stand-down, kills it too).
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info
+            .location()
+            .map_or(String::new(), |l| format!(" at {}:{}", l.file(), l.line()));
+        leasectl::say!("internal error: {}{at}, please report", one_line(&what));
+    }));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(leasectl::cmd::dispatch(cli))
+    }));
+    let exit = match outcome {
+        Ok(Ok(exit)) => exit,
+        Ok(Err(err)) => {
+            leasectl::say!("{}", one_line(&format!("{err:#}")));
             Exit::from_error(&err)
         }
+        Err(_) => Exit::Internal,
     };
     // Do not wait for blocking-pool threads (stdin readers and the like).
     runtime.shutdown_background();
@@ -58,7 +77,7 @@ fn clap_error(e: clap::Error) -> ExitCode {
             let body = text.split("\nUsage:").next().unwrap_or(&text);
             let body = body.split("\nFor more information").next().unwrap_or(body);
             let body = body.trim().trim_start_matches("error:").trim();
-            eprintln!("leasectl: {} (see --help)", one_line(body));
+            leasectl::say!("{} (see --help)", one_line(body));
             ExitCode::from(Exit::USAGE)
         }
     }

@@ -210,8 +210,8 @@ pub fn alive(pid: i32) -> bool {
 
 /// kill(2): `sig` 0 only checks that the process exists, as with the system call.
 pub fn kill(pid: u32, sig: i32) {
-    let sig = (sig != 0)
-        .then(|| nix::sys::signal::Signal::try_from(sig).expect("a known signal number"));
+    let sig =
+        (sig != 0).then(|| nix::sys::signal::Signal::try_from(sig).expect("a known signal number"));
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 

@@ -13,6 +13,7 @@ mod inspect;
 mod lease;
 mod relay;
 mod relay_sinks;
+mod safety;
 mod singleflight;
 mod sink_brokers;
 mod sink_local;

@@ -191,3 +191,77 @@ fn after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all() {
         "interrupted,completed"
     );
 }
+
+#[test]
+fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again() {
+    // Caller B finds no fresh result, then acquires; A stores its result in between. B must
+    // look again after acquiring, or two refreshes run back to back. B's acquisition is held
+    // inside the database (a BEFORE INSERT trigger that waits for a `go` row) until A is done.
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["migrate"])), 0);
+    env.sql(&format!(
+        "CREATE TABLE go (ok bool);
+         CREATE TABLE hold (pid int);
+         CREATE FUNCTION hold_acquire() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF EXISTS (SELECT 1 FROM \"{s}\".hold WHERE pid = NEW.holder_pid) THEN
+                 WHILE NOT EXISTS (SELECT 1 FROM \"{s}\".go) LOOP PERFORM pg_sleep(0.02); END LOOP;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER hold BEFORE INSERT ON leases FOR EACH ROW EXECUTE FUNCTION hold_acquire();",
+        s = env.schema
+    ));
+    let a = env.spawn(&[
+        "run",
+        "--target",
+        "oauth",
+        "--",
+        "sh",
+        "-c",
+        &format!("{}; {}", env.gate(), refresh_script(&env, "")),
+    ]);
+    wait_for("A to hold the lease", || {
+        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL") == "1"
+    });
+    let b = env
+        .command()
+        .args([
+            "run",
+            "--target",
+            "oauth",
+            "--wait",
+            "--reuse-within",
+            "1h",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(refresh_script(&env, ""))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    env.sql(&format!("INSERT INTO hold VALUES ({})", b.id()));
+    // B's next acquisition attempt now waits in the trigger; wake A and let it finish.
+    wait_for("B's acquisition to be held", || {
+        env.scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE '%\"{}\".leases%'",
+            env.schema
+        )) != "0"
+    });
+    env.open_gate();
+    let a = finish(a);
+    assert_eq!(code(&a), 0, "{}", stderr(&a));
+    env.sql("INSERT INTO go VALUES (true)");
+    let b = finish(b);
+    assert_eq!(code(&b), 0, "{}", stderr(&b));
+    assert_eq!(stdout(&b), stdout(&a), "B must print A's stored result");
+    let runs = std::fs::read_to_string(env.path("count")).unwrap();
+    assert_eq!(
+        runs.lines().count(),
+        1,
+        "the refresh ran {} times",
+        runs.lines().count()
+    );
+}

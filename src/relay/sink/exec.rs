@@ -11,8 +11,8 @@
 //! * the environment is leasectl's plus `LEASECTL_EVENT_ID`, `LEASECTL_EVENT_TYPE`,
 //!   `LEASECTL_AGGREGATE_TYPE` and `LEASECTL_AGGREGATE_ID`;
 //! * stdout and stderr are leasectl's own, so the operator sees what the command prints;
-//! * the command runs in a process group of its own, so that everything it started can be
-//!   stopped together: when it runs longer than `--timeout` the group gets SIGTERM, then SIGKILL
+//! * the command runs in a process group of its own ([`crate::process::Group`], the same
+//!   supervisor as `leasectl run`'s), so that everything it started can be stopped together: when it runs longer than `--timeout` the group gets SIGTERM, then SIGKILL
 //!   after [`KILL_GRACE`]. If the delivery is abandoned (the relay drops the future) the group
 //!   is killed at once; if leasectl itself dies, the command gets SIGKILL (`PR_SET_PDEATHSIG`;
 //!   this reaches the shell or the program it `exec`s, not processes it forked). After a
@@ -36,10 +36,12 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{ChildStdin, Command};
+use tokio::time::Instant;
+
+use crate::process::{Group, Options};
 
 use super::{DeliveryError, Event, SinkOptions};
 
@@ -77,11 +79,11 @@ impl Exec {
     /// Runs the command for one event and classifies the outcome (see the module
     /// documentation). Cancel-safe: dropping the future kills the command's process group.
     pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
-        let mut running = self.spawn(event)?;
+        let mut group = self.spawn(event)?;
         let mut input = Vec::with_capacity(event.json.len() + 1);
         input.extend_from_slice(event.json.as_bytes());
         input.push(b'\n');
-        let stdin = running.child.stdin.take();
+        let stdin = group.child_mut().stdin.take();
         let outcome = tokio::time::timeout(self.opts.timeout, async {
             // Feed stdin while waiting for the exit, not before it: a command that never reads
             // would otherwise block a large write forever. The write is dropped (closing the
@@ -91,34 +93,31 @@ impl Exec {
             let mut fed = false;
             loop {
                 tokio::select! {
-                    status = running.child.wait() => break status,
+                    status = group.wait() => break status,
                     () = &mut feed, if !fed => fed = true,
                 }
             }
         })
         .await;
-        let status = match outcome {
-            Ok(Ok(status)) => status,
-            // wait(2) failing means the child is not ours to wait for: nothing sensible to do
-            // but report it; the group is killed on drop.
-            Ok(Err(e)) => {
-                return Err(DeliveryError::Rejected(format!(
-                    "cannot wait for the command: {e}"
-                )))
-            }
+        match outcome {
+            Ok(status) => self.classify(status),
             Err(_) => {
-                running.stop().await;
-                return Err(DeliveryError::Rejected(format!(
+                // SIGTERM to the group, SIGKILL once KILL_GRACE has passed with anything of
+                // it still alive.
+                group
+                    .stop(Signal::SIGTERM, Instant::now() + KILL_GRACE)
+                    .await;
+                Err(DeliveryError::Rejected(format!(
                     "timed out after {}",
                     humantime::format_duration(self.opts.timeout)
-                )));
+                )))
             }
-        };
-        running.exited = true;
-        self.classify(status)
+        }
     }
 
-    fn spawn(&self, event: &Event) -> Result<Running, DeliveryError> {
+    /// Starts `sh -c COMMAND` in a process group of its own; no watchdog and no terminal: a
+    /// delivery is short, and what it leaves running after a normal exit is its business.
+    fn spawn(&self, event: &Event) -> Result<Group, DeliveryError> {
         let mut cmd = Command::new(SHELL);
         cmd.arg("-c")
             .arg(&self.spec.command)
@@ -128,32 +127,9 @@ impl Exec {
             .env("LEASECTL_AGGREGATE_ID", &event.aggregate_id)
             .stdin(Stdio::piped())
             .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .process_group(0)
-            // Belt and braces for the direct child; `Running`'s drop kills the whole group.
-            .kill_on_drop(true);
-        let parent = nix::unistd::getpid().as_raw();
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // leasectl may have died between fork and prctl: then nobody would kill us.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| {
+            .stderr(Stdio::inherit());
+        Group::spawn(cmd, Options::default()).map_err(|e| {
             DeliveryError::Unavailable(format!("cannot run {SHELL} for the exec sink: {e}"))
-        })?;
-        let pid = child.id().expect("a just-spawned child has a pid");
-        Ok(Running {
-            child,
-            pgid: Pid::from_raw(pid as i32),
-            exited: false,
         })
     }
 
@@ -188,77 +164,6 @@ async fn feed(stdin: Option<ChildStdin>, input: Vec<u8>) {
         let _ = stdin.write_all(&input).await;
         // Dropping `stdin` closes the pipe: the command reads end of file.
     }
-}
-
-/// A command in flight. Until it is known to have exited, dropping this kills its whole
-/// process group (the relay gave up on the delivery).
-struct Running {
-    child: Child,
-    /// The command's process group: the shell leads it.
-    pgid: Pid,
-    /// The shell has been waited for; from here its pid (= the group id) may be reused, so the
-    /// group must no longer be signalled blindly.
-    exited: bool,
-}
-
-impl Running {
-    /// The timeout: SIGTERM to the group, SIGKILL once [`KILL_GRACE`] has passed with anything
-    /// of the group still alive, and the shell reaped.
-    async fn stop(&mut self) {
-        let _ = killpg(self.pgid, Signal::SIGTERM);
-        let deadline = tokio::time::Instant::now() + KILL_GRACE;
-        let _ = tokio::time::timeout_at(deadline, self.child.wait()).await;
-        // The shell may be gone while something it started ignores SIGTERM. The group id stays
-        // reserved while any member lives, so checking and signalling it is safe here.
-        while group_alive(self.pgid) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let _ = killpg(self.pgid, Signal::SIGKILL);
-        let _ = self.child.wait().await;
-        self.exited = true;
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if !self.exited {
-            // The shell has not been reaped (at worst it is a zombie), so the group id is still
-            // ours. Runs before `child` is dropped, whose kill_on_drop then reaps the shell.
-            let _ = killpg(self.pgid, Signal::SIGKILL);
-        }
-    }
-}
-
-/// Whether any live process remains in the group. Zombies do not count: a grandchild that
-/// died after the shell is reparented to init, and some inits (in containers) never reap it;
-/// it still counts as a group member for `kill`, but there is nothing left to stop.
-fn group_alive(pgid: Pid) -> bool {
-    if killpg(pgid, None).is_err() {
-        return false;
-    }
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return true;
-    };
-    entries.flatten().any(|entry| {
-        let name = entry.file_name();
-        if !name
-            .to_str()
-            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
-        {
-            return false;
-        }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            return false;
-        };
-        // "pid (comm) state ppid pgrp …"; comm may contain anything, so split after its ')'.
-        let mut fields = stat
-            .rsplit_once(')')
-            .map_or("", |(_, r)| r)
-            .split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        state != Some("Z") && pgrp == Some(pgid.as_raw())
-    })
 }
 
 #[cfg(test)]

@@ -9,10 +9,8 @@ use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout, Instant};
 
-use crate::config::RunConfig;
 use crate::db::{self, Db};
 use crate::store::leases::{self, Lease};
-use crate::{info, warn};
 
 /// Renews the lease and decides, on the local monotonic clock, when it must be given up.
 ///
@@ -28,24 +26,40 @@ pub struct Heartbeat<'a> {
     /// `ttl - kill_after - margin`: how long after a confirmed heartbeat we may keep running.
     budget: Duration,
     ttl: Duration,
+    kill_after: Duration,
     next_at: Instant,
     stop_at: Instant,
     failures: u32,
 }
 
 impl<'a> Heartbeat<'a> {
-    pub fn new(lease: &'a Lease, cfg: &RunConfig, sent: Instant) -> Heartbeat<'a> {
-        let budget = stop_budget(cfg.ttl, cfg.kill_after);
+    /// `sent`: when the statement that acquired (or last renewed) the lease was sent.
+    pub fn new(lease: &'a Lease, times: Times, sent: Instant) -> Heartbeat<'a> {
+        let budget = stop_budget(times.ttl, times.kill_after);
         Heartbeat {
             lease,
-            interval: cfg.heartbeat,
-            retry: cfg.heartbeat.min(Duration::from_secs(1)),
+            interval: times.interval,
+            retry: times.interval.min(Duration::from_secs(1)),
             budget,
-            ttl: cfg.ttl,
-            next_at: sent + cfg.heartbeat,
+            ttl: times.ttl,
+            kill_after: times.kill_after,
+            next_at: sent + times.interval,
             stop_at: sent + budget,
             failures: 0,
         }
+    }
+
+    /// The moment the command must start being stopped unless a heartbeat succeeds first.
+    /// Nothing may be spawned at or after it: there would not be time to stop it.
+    pub fn stop_at(&self) -> Instant {
+        self.stop_at
+    }
+
+    /// The moment by which the command must have been SIGKILLed: the lease can expire, on
+    /// the database's clock, a margin after it. A stop that starts late (leasectl paused, a
+    /// timer fired late) still kills by then, so no grace outlives the lease.
+    pub fn kill_at(&self) -> Instant {
+        self.stop_at + self.kill_after
     }
 
     /// Runs until the lease is lost; returns why. Cancel-safe: dropping the future between
@@ -76,6 +90,8 @@ impl<'a> Heartbeat<'a> {
                     self.next_at = sent + self.interval;
                 }
                 Ok(Ok(false)) => {
+                    // Someone else may run from now on: the grace starts now at the latest.
+                    self.stop_at = self.stop_at.min(Instant::now());
                     return format!(
                         "the lease on '{}' was taken over or force-released",
                         self.lease.target
@@ -109,6 +125,16 @@ impl<'a> Heartbeat<'a> {
         }
         self.next_at = Instant::now() + self.retry;
     }
+}
+
+/// The durations a heartbeat schedule is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct Times {
+    pub ttl: Duration,
+    /// How often to renew.
+    pub interval: Duration,
+    /// The grace between SIGTERM and SIGKILL when stopping the command.
+    pub kill_after: Duration,
 }
 
 /// How long after a confirmed heartbeat's send the command may keep running before it must

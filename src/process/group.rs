@@ -1,0 +1,392 @@
+//! The one process-group supervisor: `leasectl run`'s command and the relay's `exec:` sink
+//! both run through [`Group`].
+//!
+//! A [`Group`] is a child process in a process group of its own, so that a stop reaches
+//! everything it started:
+//!
+//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
+//!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
+//!   current-thread runtime), never from a pooled thread that could retire mid-run.
+//! * with [`Options::watchdog`], a [`Watchdog`] process kills the whole group if leasectl
+//!   vanishes (even `kill -9`, even a SIGKILL to leasectl's whole process group), which also
+//!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is forked
+//!   *first* and leads the process group the child then joins, so there is no moment in which
+//!   the child runs unguarded; it stays in that group, out of leasectl's, and ignores the
+//!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
+//!   kill the watchdog. A panic never stands it down: the unwinding closes its pipe without
+//!   the stand-down byte, which the watchdog takes as "leasectl is gone".
+//! * stopping is "signal, wait until a deadline, SIGKILL" ([`Group::stop`]); what the child
+//!   left behind in its group is found in `/proc`, zombies not counted ([`Group::has_leftovers`]).
+//! * dropping a group whose child has not been reaped SIGKILLs the group: a supervisor that
+//!   gives up on a child (a cancelled delivery, an error) never leaves it running.
+
+use std::io::{self, IsTerminal};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::time::Instant;
+
+/// How a [`Group`] is set up around its command.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Fork a [`Watchdog`] that kills the group if leasectl dies (see the module docs).
+    pub watchdog: bool,
+    /// When stdin is leasectl's terminal and leasectl is in its foreground, hand the terminal
+    /// to the command's group for the command's lifetime (interactive commands can read it).
+    pub terminal: bool,
+}
+
+/// A child process leading (or, with a watchdog, in) a process group of its own.
+pub struct Group {
+    child: tokio::process::Child,
+    pgid: Pid,
+    status: Option<ExitStatus>,
+    /// Dropped after the group is dealt with: stand the watchdog down, give the terminal back.
+    watchdog: Option<Watchdog>,
+    _terminal: Option<Terminal>,
+}
+
+impl Group {
+    /// Spawns `cmd` (its arguments, environment and stdio already set) in a new process group.
+    pub fn spawn(mut cmd: Command, opts: Options) -> io::Result<Group> {
+        cmd.kill_on_drop(false);
+        // The watchdog leads the group; without one the child leads its own.
+        let watchdog = if opts.watchdog {
+            match Watchdog::arm() {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    crate::warn!(
+                        "cannot start the watchdog ({e}); the command may outlive a killed leasectl"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        cmd.process_group(watchdog.as_ref().map_or(0, |w| w.pid.as_raw()));
+        let terminal = if opts.terminal {
+            Terminal::foreground()
+        } else {
+            None
+        };
+        let parent = nix::unistd::getpid();
+        let hand_over_tty = terminal.is_some();
+        // SAFETY: between fork and exec only async-signal-safe calls run: prctl, getppid,
+        // signal, tcsetpgrp, getpgrp and _exit are plain system calls; nothing allocates or
+        // takes a lock another thread of leasectl could hold.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // leasectl may have died between fork and prctl: then nobody would kill us.
+                if nix::unistd::getppid() != parent {
+                    libc::_exit(1);
+                }
+                if hand_over_tty {
+                    // Interactive use: make our new group the terminal's foreground group so the
+                    // command can read the terminal (a background group reading it is stopped
+                    // by SIGTTIN). SIGTTOU must be ignored to do this from a background group.
+                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn()?;
+        let pid = child.id().expect("a just-spawned child has a pid");
+        let pgid = watchdog
+            .as_ref()
+            .map_or(Pid::from_raw(pid as i32), |w| w.pid);
+        Ok(Group {
+            child,
+            pgid,
+            status: None,
+            watchdog,
+            _terminal: terminal,
+        })
+    }
+
+    /// The child's stdin, stdout and stderr pipes (those set to `Stdio::piped()`).
+    pub fn child_mut(&mut self) -> &mut tokio::process::Child {
+        &mut self.child
+    }
+
+    /// Waits for the direct child to exit. Cancel-safe; returns the same status once known.
+    pub async fn wait(&mut self) -> ExitStatus {
+        if let Some(s) = self.status {
+            return s;
+        }
+        let status = match self.child.wait().await {
+            Ok(s) => s,
+            // wait(2) can only fail if the child was reaped elsewhere; report a generic failure.
+            Err(_) => std::os::unix::process::ExitStatusExt::from_raw(1 << 8),
+        };
+        self.status = Some(status);
+        status
+    }
+
+    /// The child's status if it has already exited, without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().ok().flatten();
+        }
+        self.status
+    }
+
+    /// Sends `sig` to the child's whole process group. The watchdog, a member of the group,
+    /// ignores every signal this is used with except SIGKILL, and is expendable by then.
+    pub fn signal(&self, sig: Signal) {
+        let _ = killpg(self.pgid, sig);
+    }
+
+    /// Stop: `first` to the group, then SIGKILL at `kill_at` if the child is still there (at
+    /// once if that moment has already passed, e.g. after leasectl was paused), then SIGKILL
+    /// to whatever of the group remains. Returns the child's status.
+    ///
+    /// The caller passes a *deadline*, not a grace: a stop that starts late must not grant
+    /// the full grace again, or the command would overlap the next holder.
+    pub async fn stop(&mut self, first: Signal, kill_at: Instant) -> ExitStatus {
+        if Instant::now() < kill_at {
+            self.signal(first);
+        }
+        let status = match tokio::time::timeout_at(kill_at, self.wait()).await {
+            Ok(s) => s,
+            Err(_) => {
+                self.signal(Signal::SIGKILL);
+                self.wait().await
+            }
+        };
+        // What the child started may still be there, ignoring `first`: the same deadline.
+        self.end_leftovers(kill_at).await;
+        status
+    }
+
+    /// SIGKILL to the group right now (the lease is gone; no grace left).
+    pub async fn kill_now(&mut self) -> ExitStatus {
+        self.signal(Signal::SIGKILL);
+        self.wait().await
+    }
+
+    /// Kills processes the child left behind in its group.
+    pub fn kill_leftovers(&self) {
+        self.signal(Signal::SIGKILL);
+    }
+
+    /// True while any live process other than the watchdog remains in the command's group.
+    /// Zombies do not count: they run nothing (an init that reaps late must not make us wait
+    /// out the grace for processes that are already gone).
+    pub fn has_leftovers(&self) -> bool {
+        group_has_live_members(self.pgid, self.watchdog.as_ref().map(|w| w.pid))
+    }
+
+    /// After the child exited: anything it left running in its group (`cmd &`) gets SIGTERM,
+    /// then SIGKILL at `kill_at` (at once if that has passed). Returns whether there was
+    /// anything to stop. (A process that must outlive the child has to leave the group, e.g.
+    /// with setsid.)
+    pub async fn end_leftovers(&self, kill_at: Instant) -> bool {
+        if !self.has_leftovers() {
+            return false;
+        }
+        if Instant::now() < kill_at {
+            self.signal(Signal::SIGTERM);
+        }
+        while self.has_leftovers() && Instant::now() < kill_at {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill_leftovers();
+        true
+    }
+}
+
+/// A group whose child was never reaped is killed: whoever dropped it gave up on it. (Once
+/// the child is reaped and there is no watchdog, the group id may be reused, so it is left.)
+impl Drop for Group {
+    fn drop(&mut self) {
+        if self.status.is_none() || self.watchdog.is_some() && self.has_leftovers() {
+            self.signal(Signal::SIGKILL);
+            if self.status.is_none() {
+                let _ = self.child.start_kill();
+            }
+        }
+    }
+}
+
+/// Whether a process other than `except` and not a zombie is in process group `pgid`, from
+/// `/proc` (`kill(-pgid, 0)` cannot tell: it counts zombies, and the watchdog is a member).
+fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        // No /proc: fall back to the kernel's answer, which may count zombies.
+        return killpg(pgid, None).is_ok() && except.is_none();
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if except.is_some_and(|e| e.as_raw() == pid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid pgrp …": comm may contain anything, so split after its ')'.
+        let mut fields = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(pgid.as_raw()) && state != "Z" && state != "X" {
+            return true;
+        }
+    }
+    false
+}
+
+/// A forked process that creates the child's process group and SIGKILLs that group when
+/// leasectl dies.
+///
+/// It is forked before the command and leads a new process group, which the command then
+/// joins, so the command is never unguarded. It *stays* in that group, out of leasectl's own:
+/// `kill -9 -- -$(leasectl's pgid)`, `timeout -s KILL`, a CI runner cancelling a step all
+/// signal leasectl's group, and must not take the watchdog with them. It ignores the signals
+/// a terminal or a supervisor sends to a group (INT, TERM, HUP, QUIT, TSTP, PIPE), so the only
+/// things that end it are its pipe (below), SIGKILL (which leasectl sends the group only to
+/// kill everything in it) and a cgroup kill.
+///
+/// It blocks reading a pipe whose only write end leasectl holds: end of file means leasectl
+/// is gone (however it died, panics included) and the group is killed; a byte means "stand
+/// down". Between fork and `_exit` it makes only async-signal-safe system calls, so forking
+/// from a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
+/// reused while the watchdog lives, so it never kills a stranger's group.
+struct Watchdog {
+    /// The pipe's only write end; `None` once closed.
+    write: Option<OwnedFd>,
+    pid: Pid,
+}
+
+/// The signals the watchdog ignores: those a terminal, `kill -- -PGID` without `-9`, or a
+/// job runner send to stop a process group politely.
+const WATCHDOG_IGNORES: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+    libc::SIGPIPE,
+];
+
+impl Watchdog {
+    fn arm() -> io::Result<Watchdog> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let read_fd = read.as_raw_fd();
+        let write_fd = write.as_raw_fd();
+        // SAFETY: between fork and _exit the child calls only async-signal-safe functions
+        // (getpid, close, open, dup2, the close_range syscall, getrlimit, signal, read, kill,
+        // _exit): no allocation, no locks, nothing another thread of leasectl could hold.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => unsafe {
+                // No setpgid here: the parent creates the group right after fork, before it
+                // spawns the command; doing it here too would only race with that.
+                let own_pid = libc::getpid();
+                libc::close(write_fd);
+                // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                if null >= 0 {
+                    libc::dup2(null, 0);
+                    libc::dup2(null, 1);
+                    libc::dup2(null, 2);
+                }
+                let keep = if read_fd == 3 {
+                    3
+                } else {
+                    libc::dup2(read_fd, 3)
+                };
+                if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+                    // Older kernels (< 5.9) or a seccomp filter: close one by one.
+                    let mut lim = libc::rlimit {
+                        rlim_cur: 1024,
+                        rlim_max: 1024,
+                    };
+                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+                    let top = lim.rlim_cur.min(65_536) as libc::c_int;
+                    for fd in 4..top {
+                        libc::close(fd);
+                    }
+                }
+                for sig in WATCHDOG_IGNORES {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                let mut byte = 0u8;
+                loop {
+                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
+                    if n < 0 && *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    if n != 1 {
+                        // Kills the command's whole group, the watchdog included.
+                        libc::kill(-own_pid, libc::SIGKILL);
+                    }
+                    libc::_exit(0);
+                }
+            },
+            pid => {
+                drop(read);
+                // The group exists before the command is spawned into it, whether or not the
+                // watchdog has run yet.
+                nix::unistd::setpgid(Pid::from_raw(pid), Pid::from_raw(pid))?;
+                Ok(Watchdog {
+                    write: Some(write),
+                    pid: Pid::from_raw(pid),
+                })
+            }
+        }
+    }
+}
+
+/// Dropping the watchdog (the run is over, or the spawn failed) tells it to exit without
+/// killing, and reaps it — except while panicking: then leasectl's state is unknown, so the
+/// pipe just closes and the watchdog kills the group.
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(write) = self.write.take() {
+            if !std::thread::panicking() {
+                let _ = nix::unistd::write(&write, b"x");
+            }
+            // Closed here, before the reap: while panicking, this end of file is the signal.
+        }
+        let _ = nix::sys::wait::waitpid(self.pid, None);
+    }
+}
+
+/// The terminal handed to an interactive child, given back when it is done.
+struct Terminal;
+
+impl Terminal {
+    /// `Some` when stdin is a terminal and leasectl is in its foreground process group.
+    fn foreground() -> Option<Terminal> {
+        let stdin = io::stdin();
+        if !stdin.is_terminal() {
+            return None;
+        }
+        let fg = nix::unistd::tcgetpgrp(&stdin).ok()?;
+        (fg == nix::unistd::getpgrp()).then_some(Terminal)
+    }
+}
+
+/// Gives the terminal back to leasectl's own process group when the child is done (or could
+/// not be started after its pre-exec step took the terminal).
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: plain system calls; SIGTTOU is ignored around tcsetpgrp because leasectl is
+        // a background group of this terminal until the call succeeds.
+        unsafe {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+}

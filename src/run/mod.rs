@@ -1,0 +1,530 @@
+//! The run path of `leasectl run`: take the lease, run the command, keep the lease alive,
+//! store the result. [`wait`] gets the lease, [`heartbeat`] keeps it, [`child`] is the
+//! command.
+//!
+//! The flow, top to bottom in [`run`]:
+//!
+//! 1. `--reuse-within`: print a fresh stored result and stop.
+//! 2. [`wait::obtain`]: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
+//!    to expire (polling), sharing the result of the run we waited for when reuse is on.
+//! 3. [`prepare`]: what must happen between acquiring and spawning, each statement bounded by
+//!    the lease's own deadline: nothing is spawned unless there is still time to stop it
+//!    before the lease could expire.
+//! 4. [`execute`]: spawn the child, then select between "child exited", "lease lost",
+//!    "--timeout" and "signal received"; stop the child when needed; store the run and its
+//!    event with the fenced save, which also releases the lease.
+//!
+//! No statement waits on the database without a client-side deadline: a silent server (a hung
+//! host, a black-holed connection) must never keep leasectl, or its lease, waiting forever.
+
+mod child;
+pub mod heartbeat;
+mod wait;
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::Result;
+use nix::sys::signal::Signal;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+use uuid::Uuid;
+
+use crate::cli::{DbArgs, RunArgs};
+use crate::config::RunConfig;
+use crate::db::Db;
+use crate::exit::{ChildStatus, Exit, Failure};
+use crate::store::leases::{self, DbClock, Lease};
+use crate::store::runs::{self, Outcome, RunRecord, Saved};
+use crate::process::Capture;
+use crate::signals::Signals;
+use child::{Child, Spec};
+use heartbeat::Heartbeat;
+use wait::{obtain, Obtained};
+
+/// How long one statement may go unanswered before the database counts as unavailable (the
+/// server-side `statement_timeout` cannot help when the server, or the path to it, is silent).
+pub(crate) const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long the best-effort bookkeeping after a lost lease (the `lost` record, the release)
+/// may take in all: the command is already stopped, and the exit code must not wait on a
+/// database that stopped answering. The TTL, within 1s..5s: a short lease is a request for
+/// quick answers.
+fn lost_record_deadline(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(5))
+}
+
+/// Who we are, as recorded in the lease row and the run.
+struct Me {
+    host: String,
+    pid: i32,
+}
+
+pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
+    let cfg = RunConfig::new(args)?;
+    let mut signals = Signals::install()?;
+    let mut db = tokio::select! {
+        db = crate::cmd::connect(db_args) => db?,
+        sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+    };
+    let me = Me {
+        host: nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into()),
+        pid: std::process::id() as i32,
+    };
+
+    if let Some(within) = cfg.reuse_within {
+        let found = tokio::select! {
+            r = bounded(Instant::now() + STATEMENT_DEADLINE, runs::reusable(&db.client, &db.schema, &cfg.target, within)) => r?,
+            sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+        };
+        if let Some(r) = found {
+            info!("reusing run {} of '{}'", r.id, cfg.target);
+            print_stdout(&cfg, &r.stdout)?;
+            return Ok(Exit::Code(0));
+        }
+    }
+
+    let (lease, acquired_at, listening) = match obtain(&mut db, &cfg, &me, &mut signals).await? {
+        Obtained::Lease(l, at, listening) => (l, at, listening),
+        Obtained::Done(exit) => return Ok(exit),
+    };
+    info!("acquired '{}' (fence {})", lease.target, lease.fence);
+    let hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
+    if let Some(exit) = prepare(&mut db, &cfg, &lease, &hb, listening, &mut signals).await? {
+        return Ok(exit);
+    }
+    execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
+}
+
+/// Runs `what` with a client-side deadline: past `until`, the database counts as unavailable
+/// (exit 69) and the connection must be replaced before it is used again, since the statement
+/// may still be queued on it.
+pub(crate) async fn bounded<T>(until: Instant, what: impl Future<Output = Result<T>>) -> Result<T> {
+    match tokio::time::timeout_at(until, what).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure::Unavailable("the database did not answer in time".into()).into()),
+    }
+}
+
+/// Between acquiring and spawning: stop listening for releases and, with `--reuse-within`,
+/// look once more for a result that was stored while we acquired. Returns the exit code when
+/// the command must not run.
+///
+/// The lease was confirmed when the acquiring statement was sent; the heartbeat schedule's
+/// `stop_at` is the last moment at which a command spawned now could still be stopped before
+/// the lease can expire. Every statement here is bounded by it, a signal ends the wait, and it
+/// is checked once more right before returning: a command is never started on a lease that
+/// may already be someone else's.
+async fn prepare(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    hb: &Heartbeat<'_>,
+    listening: bool,
+    signals: &mut Signals,
+) -> Result<Option<Exit>> {
+    let until = hb.stop_at();
+    let checks = async {
+        if listening {
+            // Stop queueing other targets' releases for the rest of a long run.
+            bounded(until, async { Ok(db.client.batch_execute("UNLISTEN *").await?) }).await?;
+            while db.notifications.try_recv().is_ok() {}
+        }
+        match cfg.reuse_within {
+            // A run may have finished between our reuse check and the acquisition.
+            Some(within) => {
+                bounded(until, runs::reusable(&db.client, &db.schema, &cfg.target, within)).await
+            }
+            None => Ok(None),
+        }
+    };
+    let checked = tokio::select! {
+        r = checks => Ok(r),
+        sig = signals.recv() => Err(sig),
+    };
+    let exit = match checked {
+        Err(sig) => Some(Exit::from_signal(sig)),
+        Ok(Ok(Some(r))) => {
+            print_stdout(cfg, &r.stdout)?;
+            Some(Exit::Code(0))
+        }
+        Ok(Ok(None)) if Instant::now() < hb.stop_at() => return Ok(None),
+        Ok(Ok(None)) => {
+            say!(
+                "the lease on '{}' ran out before the command could be started (was leasectl paused?); the command was not started",
+                cfg.target
+            );
+            Some(Exit::LeaseLost)
+        }
+        Ok(Err(e)) => {
+            // The connection may be stuck behind the unanswered statement: the lease is left
+            // to expire by its TTL.
+            return Err(e.context(format!(
+                "cannot start the command on '{}' while the lease is certain",
+                cfg.target
+            )));
+        }
+    };
+    release_within(db, lease, until).await;
+    Ok(exit)
+}
+
+/// Releases the lease, best-effort, giving up at `until`.
+async fn release_within(db: &Db, lease: &Lease, until: Instant) {
+    let until = until.max(Instant::now() + Duration::from_millis(500));
+    if let Err(e) = bounded(until, leases::release(&db.client, &db.schema, lease)).await {
+        info!("could not release '{}' ({e:#}); it expires with its TTL", lease.target);
+    }
+}
+
+fn print_stdout(cfg: &RunConfig, bytes: &[u8]) -> Result<()> {
+    if cfg.quiet {
+        return Ok(());
+    }
+    crate::cmd::print(bytes)
+}
+
+/// How the supervision loop ended.
+enum Ending {
+    Exited(std::process::ExitStatus),
+    Lost(String),
+    TimedOut,
+    Interrupted(i32),
+}
+
+async fn execute(
+    db: &mut Db,
+    cfg: &RunConfig,
+    me: &Me,
+    lease: &Lease,
+    mut hb: Heartbeat<'_>,
+    acquired_at: Instant,
+    signals: &mut Signals,
+) -> Result<Exit> {
+    let run_id = Uuid::new_v4();
+    let argv: Vec<String> = cfg
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let clock = DbClock {
+        db_time: lease.granted_at,
+        local: acquired_at,
+    };
+    let started = Instant::now();
+    let spec = Spec {
+        argv: &cfg.command,
+        env: vec![
+            ("LEASECTL_TARGET", lease.target.clone()),
+            ("LEASECTL_TOKEN", lease.token.to_string()),
+            ("LEASECTL_FENCE", lease.fence.to_string()),
+        ],
+        echo: !cfg.quiet,
+        capture_limit: cfg.capture_limit,
+    };
+    let mut child = match Child::spawn(spec) {
+        Ok(c) => c,
+        Err(e) => {
+            say!("{}", e.message);
+            let record = RunRecord {
+                id: run_id,
+                outcome: Outcome::ExecFailed,
+                status: None,
+                exit_code_override: Some(i32::from(e.exit_code)),
+                argv,
+                host: &me.host,
+                pid: me.pid,
+                started_at: clock.at(started),
+                finished_at: clock.at(Instant::now()),
+                stdout: &[],
+                stderr: &[],
+                stdout_truncated: false,
+                stderr_truncated: false,
+                error: Some(e.message),
+            };
+            return store(db, cfg, lease, &record, Exit::Code(e.exit_code)).await;
+        }
+    };
+
+    // A test-only trigger (debug builds): panic once the file it names exists, to prove that a
+    // panic mid-run still ends the command.
+    if let Some(path) = std::env::var_os("LEASECTL_TEST_PANIC").filter(|_| cfg!(debug_assertions)) {
+        while !std::path::Path::new(&path).exists() {
+            sleep(Duration::from_millis(20)).await;
+        }
+        panic!("LEASECTL_TEST_PANIC");
+    }
+    let timeout_at = cfg.timeout.map(|t| started + t);
+    let ending = tokio::select! {
+        status = child.wait() => Ending::Exited(status),
+        // A child that already exited (say while leasectl was paused past the TTL) goes to the
+        // fenced save, which alone decides whether its result may be stored; the runtime may
+        // report the expired timer before the child's exit.
+        reason = hb.keep(db) => match child.exited() {
+            Some(status) => Ending::Exited(status),
+            None => Ending::Lost(reason),
+        },
+        _ = sleep_until_opt(timeout_at) => Ending::TimedOut,
+        sig = signals.recv() => Ending::Interrupted(sig),
+    };
+
+    let mut lost: Option<String> = None;
+    let (status, outcome, exit) = match ending {
+        Ending::Exited(s) => {
+            let st = ChildStatus::from_exit_status(s);
+            (st, Outcome::Completed, Exit::Code(st.exit_code()))
+        }
+        Ending::Lost(reason) => {
+            warn!("{reason}; stopping the command");
+            lost = Some(reason);
+            // SIGKILL by the lease's deadline, not a full grace from now: if this stop
+            // starts late (leasectl was paused, a timer fired late), no grace is left.
+            let s = child.stop(Signal::SIGTERM, hb.kill_at()).await;
+            (
+                ChildStatus::from_exit_status(s),
+                Outcome::Lost,
+                Exit::LeaseLost,
+            )
+        }
+        Ending::TimedOut | Ending::Interrupted(_) => {
+            let (first, outcome, exit) = match ending {
+                Ending::Interrupted(sig) => {
+                    info!("received signal {sig}; forwarding it to the command");
+                    (
+                        Signal::try_from(sig).unwrap_or(Signal::SIGTERM),
+                        Outcome::Interrupted,
+                        Exit::from_signal(sig),
+                    )
+                }
+                _ => {
+                    say!(
+                        "'{}' timed out after {}; stopping the command",
+                        cfg.target,
+                        crate::fmt::duration(cfg.timeout.unwrap_or_default())
+                    );
+                    (Signal::SIGTERM, Outcome::TimedOut, Exit::TimedOut)
+                }
+            };
+            // The grace, but never past the lease's own deadline; the lease is kept alive
+            // meanwhile, and if it goes anyway the deadline still holds (it only moves later
+            // with a successful heartbeat).
+            let kill_at = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+            let stop = child.stop(first, kill_at);
+            tokio::pin!(stop);
+            let s = tokio::select! {
+                s = &mut stop => s,
+                reason = hb.keep(db) => {
+                    warn!("{reason}; killing the command");
+                    lost = Some(reason);
+                    stop.await
+                }
+            };
+            (ChildStatus::from_exit_status(s), outcome, exit)
+        }
+    };
+    let ended = Instant::now();
+    let (out, err) = wind_up(
+        &mut child,
+        &mut hb,
+        db,
+        cfg,
+        lost.is_none() && outcome == Outcome::Completed,
+    )
+    .await;
+    drop(child);
+    let record = RunRecord {
+        id: run_id,
+        outcome: if lost.is_some() {
+            Outcome::Lost
+        } else {
+            outcome
+        },
+        status: Some(status),
+        exit_code_override: None,
+        argv,
+        host: &me.host,
+        pid: me.pid,
+        started_at: clock.at(started),
+        finished_at: clock.at(ended),
+        stdout: &out.bytes,
+        stderr: &err.bytes,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+        error: lost.clone(),
+    };
+    if lost.is_some() {
+        return record_lost(db, cfg, lease, &record).await;
+    }
+    store(db, cfg, lease, &record, exit).await
+}
+
+/// After the command exited or was stopped: end what it left in its group and collect the
+/// rest of its output — bounded, and with heartbeats going on, so that a helper holding the
+/// output pipes open (one that left the group with `setsid`) can neither keep leasectl
+/// draining forever nor let the lease lapse under a command that succeeded.
+///
+/// `completed`: the command exited by itself, so what it left behind gets SIGTERM and a
+/// grace (by the lease's deadline); otherwise everything left is SIGKILLed at once.
+async fn wind_up(
+    child: &mut Child,
+    hb: &mut Heartbeat<'_>,
+    db: &mut Db,
+    cfg: &RunConfig,
+    completed: bool,
+) -> (Capture, Capture) {
+    let leftovers_by = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+    let tail = async {
+        if !completed {
+            child.kill_leftovers();
+        } else if child.end_leftovers(leftovers_by).await {
+            warn!("the command left processes running in its process group; they were stopped");
+        }
+        child.finish(Instant::now() + cfg.kill_after).await
+    };
+    tokio::pin!(tail);
+    tokio::select! {
+        out = &mut tail => out,
+        // A lease lost now is the fenced save's to judge; the tail's deadlines already
+        // end by the lease's.
+        _ = hb.keep(db), if completed => tail.await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The fenced save, retried across connection failures for as long as the lease could still
+/// be ours. A retry first looks for the run id, in case a lost connection hid a commit. Each
+/// attempt has a client-side deadline; when time runs out, leasectl says so and exits 69.
+async fn store(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    record: &RunRecord<'_>,
+    exit: Exit,
+) -> Result<Exit> {
+    let give_up_at = Instant::now() + cfg.ttl.max(Duration::from_secs(10));
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 0;
+    loop {
+        let event_type = cfg.event_type.as_deref();
+        // At most half the time left, so that a connection stuck behind an unanswered
+        // statement leaves time for a retry on a fresh one.
+        let left = give_up_at.saturating_duration_since(Instant::now());
+        let until = Instant::now() + STATEMENT_DEADLINE.min(left / 2);
+        let result = bounded(
+            until,
+            runs::save_fenced(
+                &db.client,
+                &db.schema,
+                lease,
+                record,
+                event_type,
+                attempt > 0,
+            ),
+        )
+        .await;
+        attempt += 1;
+        match result {
+            Ok(Saved::Stored) => {
+                info!(
+                    "stored run {} of '{}' ({})",
+                    record.id,
+                    lease.target,
+                    record.outcome.as_str()
+                );
+                return Ok(exit);
+            }
+            Ok(Saved::NotOwner) => {
+                let reason =
+                    "the lease was taken over before the result could be stored".to_owned();
+                warn!("{reason}");
+                let lost = RunRecord {
+                    outcome: Outcome::Lost,
+                    error: Some(reason),
+                    ..clone_record(record)
+                };
+                return record_lost(db, cfg, lease, &lost).await;
+            }
+            Err(e) if Instant::now() < give_up_at && is_unavailable(&e) => {
+                warn!("cannot store run {} yet ({:#}); retrying", record.id, e);
+                sleep(delay.min(give_up_at.saturating_duration_since(Instant::now()))).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+                let left = give_up_at.saturating_duration_since(Instant::now());
+                let _ = timeout(left.max(Duration::from_millis(100)), db.reconnect()).await;
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "the command finished ({}) but its run {} could not be stored",
+                    describe_status(record),
+                    record.id
+                )));
+            }
+        }
+    }
+}
+
+fn is_unavailable(e: &anyhow::Error) -> bool {
+    Exit::from_error(e) == Exit::Unavailable
+}
+
+fn clone_record<'a>(r: &RunRecord<'a>) -> RunRecord<'a> {
+    RunRecord {
+        argv: r.argv.clone(),
+        error: r.error.clone(),
+        ..*r
+    }
+}
+
+fn describe_status(r: &RunRecord<'_>) -> String {
+    match (r.status, r.exit_code_override) {
+        (Some(ChildStatus::Exited(c)), _) => format!("exit code {c}"),
+        (Some(ChildStatus::Signaled(s)), _) => format!("killed by signal {s}"),
+        (None, Some(c)) => format!("exec failed, {c}"),
+        (None, None) => "unknown status".into(),
+    }
+}
+
+/// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
+/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`]: the command is
+/// already stopped, and a silent database must not hold up the exit.
+async fn record_lost(
+    db: &mut Db,
+    cfg: &RunConfig,
+    lease: &Lease,
+    record: &RunRecord<'_>,
+) -> Result<Exit> {
+    let limit = lost_record_deadline(cfg.ttl);
+    let until = Instant::now() + limit;
+    // The connection may be stuck behind the heartbeat that went unanswered: half the time
+    // for it, the other half for a fresh one.
+    let first = Instant::now() + limit / 2;
+    let mut stored = bounded(first, runs::record_lost(&db.client, &db.schema, lease, record)).await;
+    if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
+        stored = bounded(until, runs::record_lost(&db.client, &db.schema, lease, record)).await;
+    }
+    match stored {
+        Ok(()) => say!(
+            "lease on '{}' lost; no result stored (output kept as lost run {})",
+            lease.target,
+            record.id
+        ),
+        Err(e) => warn!(
+            "lease on '{}' lost, and the lost run could not be recorded: {e:#}",
+            lease.target
+        ),
+    }
+    release_within(db, lease, until).await;
+    Ok(Exit::LeaseLost)
+}
+
+/// `what`'s output, or `None` if `until` came first.
+async fn timeout_at_ok<T>(until: Instant, what: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout_at(until, what).await.ok()
+}
+

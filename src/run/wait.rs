@@ -1,0 +1,297 @@
+//! Getting the lease: acquire, or with `--wait` sleep until it is released (NOTIFY) or due to
+//! expire (polling), sharing the result of the run we waited for when `--reuse-within` is on
+//! (singleflight). A signal or `--wait`'s limit ends the wait at any point, even in the middle
+//! of a statement.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Result;
+use indicatif::ProgressBar;
+use tokio::time::{sleep, sleep_until, timeout, Instant};
+
+use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
+use crate::config::{RunConfig, Wait};
+use crate::db::{self, Db};
+use crate::exit::{ChildStatus, Exit};
+use crate::store::leases::{self, Acquired, Lease};
+use crate::store::runs::{self, Outcome};
+use crate::signals::Signals;
+
+/// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
+const WAIT_POLL: Duration = Duration::from_secs(1);
+
+pub(super) enum Obtained {
+    /// We hold the lease; the instant is when the acquiring statement was sent; the flag says
+    /// whether the connection still LISTENs for releases.
+    Lease(Lease, Instant, bool),
+    /// Nothing to run: busy, shared a waited-for result, or a signal arrived while waiting.
+    Done(Exit),
+}
+
+/// Why waiting ended without the lease.
+enum Interrupted {
+    Signal(i32),
+    GaveUp,
+}
+
+/// Runs `what` unless a signal arrives or `--wait`'s limit passes first. Everything the waiter
+/// does goes through here, statements included: a stuck acquire must not outlast either.
+async fn interruptible<T>(
+    what: impl Future<Output = T>,
+    signals: &mut Signals,
+    give_up_at: Option<Instant>,
+) -> Result<T, Interrupted> {
+    let give_up = async {
+        match give_up_at {
+            Some(t) => sleep_until(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = what => Ok(r),
+        sig = signals.recv() => Err(Interrupted::Signal(sig)),
+        _ = give_up => Err(Interrupted::GaveUp),
+    }
+}
+
+/// Acquires the lease, waiting for it with `--wait`.
+///
+/// A waiter survives the database going away (a restart, a failover): it reports the outage
+/// once, reconnects with backoff and carries on waiting, within its `--wait` limit. A signal
+/// or the limit ends the wait at any point, even in the middle of a statement.
+pub(super) async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) -> Result<Obtained> {
+    let mut w = Waiter {
+        listening: false,
+        awaited: None,
+        spinner: Spinner::default(),
+        outage: None,
+    };
+    let give_up_at = match cfg.wait {
+        Some(Wait::Upto(d)) => Some(Instant::now() + d),
+        _ => None,
+    };
+    let result = loop {
+        let attempt = bounded(
+            Instant::now() + STATEMENT_DEADLINE,
+            w.attempt(db, cfg, me),
+        );
+        let attempt = match interruptible(attempt, signals, give_up_at).await {
+            Ok(a) => a,
+            Err(why) => break Ok(w.interrupted(why, cfg)),
+        };
+        let wake = match attempt {
+            Ok(Attempt::Done(obtained)) => break Ok(obtained),
+            Ok(Attempt::Again) => continue,
+            Ok(Attempt::Wait(holder)) => {
+                if cfg.wait.is_none() {
+                    if !cfg.quiet {
+                        say!("'{}' is busy: {}", cfg.target, holder.describe());
+                    }
+                    break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
+                }
+                w.outage = None;
+                w.spinner.show(format!(
+                    "waiting for '{}': {}",
+                    cfg.target,
+                    holder.describe()
+                ));
+                // Wake at the holder's expiry or at the fallback poll, unless a release of our
+                // target is announced first.
+                WAIT_POLL.min(holder.expires_in + Duration::from_millis(20))
+            }
+            Err(e) if cfg.wait.is_some() && is_unavailable(&e) => {
+                let backoff = w.outage.map_or(Duration::from_millis(200), |d| {
+                    (d * 2).min(Duration::from_secs(5))
+                });
+                if w.outage.is_none() {
+                    warn!(
+                        "lost the database while waiting for '{}' ({e:#}); reconnecting",
+                        cfg.target
+                    );
+                }
+                w.outage = Some(backoff);
+                w.listening = false;
+                backoff
+            }
+            Err(e) => break Err(e),
+        };
+        let woken = async {
+            tokio::select! {
+                _ = released(&mut db.notifications, &cfg.target) => {}
+                _ = sleep(wake) => {}
+            }
+        };
+        if let Err(why) = interruptible(woken, signals, give_up_at).await {
+            break Ok(w.interrupted(why, cfg));
+        }
+        if w.outage.is_some() {
+            let reconnect = timeout(STATEMENT_DEADLINE, db.reconnect());
+            match interruptible(reconnect, signals, give_up_at).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => info!("reconnect failed: {e:#}"),
+                Ok(Err(_)) => info!("reconnect timed out"),
+                Err(why) => break Ok(w.interrupted(why, cfg)),
+            }
+        }
+    };
+    w.spinner.clear();
+    result
+}
+
+/// The state of one caller waiting for a lease.
+struct Waiter {
+    listening: bool,
+    /// The acquisition whose result we wait for (singleflight with --reuse-within).
+    awaited: Option<i64>,
+    spinner: Spinner,
+    /// Backoff while the database is unreachable.
+    outage: Option<Duration>,
+}
+
+enum Attempt {
+    Done(Obtained),
+    /// Try again at once.
+    Again,
+    /// Busy: this is the holder.
+    Wait(leases::Holder),
+}
+
+impl Waiter {
+    async fn attempt(&mut self, db: &mut Db, cfg: &RunConfig, me: &Me) -> Result<Attempt> {
+        if let (Some(_), Some(fence)) = (cfg.reuse_within, self.awaited) {
+            if let Some(exit) = share_awaited(db, cfg, fence).await? {
+                return Ok(Attempt::Done(Obtained::Done(exit)));
+            }
+        }
+        let sent = Instant::now();
+        let holder = match leases::acquire(
+            &db.client,
+            &db.schema,
+            &cfg.target,
+            cfg.ttl,
+            &me.host,
+            me.pid,
+        )
+        .await?
+        {
+            Acquired::Held(l) => {
+                return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
+            }
+            // Released between our attempt and the look at its holder: just try again.
+            Acquired::Busy(None) => return Ok(Attempt::Again),
+            Acquired::Busy(Some(h)) => h,
+        };
+        if cfg.wait.is_some() && !self.listening {
+            self.listening = true;
+            // LISTEN may be unavailable (e.g. behind a transaction pooler); polling still works.
+            let listen = format!("LISTEN \"{}\"", db.schema.lease_channel());
+            match db.client.batch_execute(&listen).await {
+                // Try again at once: the release may have happened before LISTEN took effect.
+                Ok(()) => return Ok(Attempt::Again),
+                Err(e) if db::is_unavailable(&e) => return Err(e.into()),
+                Err(e) => info!(
+                    "LISTEN failed ({}); polling every {}",
+                    db::reason(&e),
+                    crate::fmt::duration(WAIT_POLL)
+                ),
+            }
+        }
+        if cfg.wait.is_some() && self.awaited != Some(holder.fence) {
+            info!("waiting for '{}': {}", cfg.target, holder.describe());
+            self.awaited = Some(holder.fence);
+        }
+        Ok(Attempt::Wait(holder))
+    }
+
+    /// The exit code when waiting ends without the lease.
+    fn interrupted(&mut self, why: Interrupted, cfg: &RunConfig) -> Obtained {
+        self.spinner.clear();
+        match why {
+            Interrupted::Signal(sig) => Obtained::Done(Exit::from_signal(sig)),
+            Interrupted::GaveUp => {
+                if !cfg.quiet {
+                    let waited = match cfg.wait {
+                        Some(Wait::Upto(d)) => d,
+                        _ => Duration::ZERO,
+                    };
+                    say!(
+                        "gave up waiting for '{}' after {}",
+                        cfg.target,
+                        crate::fmt::duration(waited)
+                    );
+                }
+                Obtained::Done(Exit::Busy(cfg.busy_exit_code))
+            }
+        }
+    }
+}
+
+/// Resolves when a release of `target` is announced. If the connection's notification stream
+/// ended, never resolves: polling takes over.
+async fn released(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+    target: &str,
+) {
+    while let Some(n) = rx.recv().await {
+        if n.payload() == target {
+            return;
+        }
+    }
+    std::future::pending::<()>().await
+}
+
+/// Singleflight: if the run we waited for has finished with a result, print its stdout and
+/// return its exit code instead of running again. A run that was `lost` or `interrupted` (or
+/// whose stdout was cut) is not shared: the waiters compete and one of them runs.
+async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Exit>> {
+    let Some((run, truncated)) =
+        runs::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
+    else {
+        return Ok(None);
+    };
+    let exit = match run.outcome {
+        Outcome::Completed => match (run.exit_code, run.signal) {
+            (_, Some(sig)) => ChildStatus::Signaled(sig).exit_code(),
+            (Some(code), None) => ChildStatus::Exited(code).exit_code(),
+            (None, None) => return Ok(None),
+        },
+        Outcome::TimedOut => Exit::TIMED_OUT,
+        Outcome::ExecFailed => run
+            .exit_code
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(Exit::NOT_FOUND),
+        Outcome::Lost | Outcome::Interrupted => return Ok(None),
+    };
+    if truncated {
+        return Ok(None);
+    }
+    info!("sharing the result of run {} (fence {fence})", run.id);
+    print_stdout(cfg, &run.stdout)?;
+    Ok(Some(Exit::Code(exit)))
+}
+
+/// A spinner on stderr while waiting, for people only: nothing is drawn unless stderr is a
+/// terminal, so cron and CI logs stay clean.
+#[derive(Default)]
+struct Spinner(Option<ProgressBar>);
+
+impl Spinner {
+    fn show(&mut self, msg: String) {
+        if self.0.is_none() && std::io::stderr().is_terminal() {
+            let pb = ProgressBar::new_spinner();
+            pb.enable_steady_tick(Duration::from_millis(120));
+            self.0 = Some(pb);
+        }
+        if let Some(pb) = &self.0 {
+            pb.set_message(msg);
+        }
+    }
+
+    fn clear(&mut self) {
+        if let Some(pb) = self.0.take() {
+            pb.finish_and_clear();
+        }
+    }
+}
