@@ -20,7 +20,7 @@ Measured:
   throughput  `leasectl relay --once --batch 1000 --sink SINK` draining N events (≈200-byte JSON
               payloads; 1000 aggregates, and 1 aggregate for stdout) — wall time of the whole
               process, start to exit — against the floor: the relay's own claim statement (the
-              CLAIM constant read from src/outbox.rs, 1000 rows per statement, window 2000, max
+              CLAIM constant read from src/store/outbox.rs, 1000 rows per statement, window 2000, max
               seq i64::MAX) run by `pgbench -M prepared` from one persistent connection in
               autocommit until the table is empty. Each round fills a fresh schema (then VACUUM
               ANALYZE) for every candidate, in an order rotated from round to round; the figures
@@ -158,11 +158,17 @@ def real_binary(tool):
 
 def claim_script(schema):
     """The relay's CLAIM statement, as a pgbench script with :batch, :window and :maxseq."""
-    src = (REPO / "src/outbox.rs").read_text()
+    src = (REPO / "src/store/outbox.rs").read_text()
     m = re.search(r'const CLAIM: &str = "(.*?)";', src, re.S)
     if not m:
-        die("cannot find the CLAIM constant in src/outbox.rs")
+        die("cannot find the CLAIM constant in src/store/outbox.rs")
     sql = re.sub(r"--[^\n]*", "", m.group(1))
+    # The shared predicates ({held}, …) are constants of src/store/mod.rs, spliced in by store::sql.
+    shared = dict(re.findall(r'const (\w+): &str =\s*"(.*?)";', (REPO / "src/store/mod.rs").read_text(), re.S))
+    for name, text in shared.items():
+        sql = sql.replace("{" + name.lower() + "}", text)
+    if re.search(r"\{(?!s\})\w+\}", sql):
+        die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
     for param in ("$1", "$2", "$3"):
         if param not in sql:

@@ -8,7 +8,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use crate::cli::RunArgs;
-use crate::exit::usage;
+use crate::error::usage;
 
 /// Longest accepted target, in Unicode scalar values.
 pub const MAX_TARGET_CHARS: usize = 200;

@@ -4,39 +4,10 @@
 //! child's own status is passed through unchanged: its exit code, or 128+N when a signal ended it,
 //! the same convention as the shell and hyperfine's `exit_code.rs`.
 
-use std::fmt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
-/// A typed error for the failures whose exit code is not "internal error".
-///
-/// Everything else travels as an `anyhow::Error` with context and ends in [`Exit::Internal`].
-#[derive(Debug)]
-pub enum Failure {
-    /// Bad flag, duration, target or schema name (exit 2).
-    Usage(String),
-    /// The database could not be reached or refused the connection (exit 69).
-    Unavailable(String),
-    /// The database schema was written by a newer leasectl (exit 78).
-    SchemaTooNew(String),
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Failure::Usage(m) | Failure::Unavailable(m) | Failure::SchemaTooNew(m) => {
-                f.write_str(m)
-            }
-        }
-    }
-}
-
-impl std::error::Error for Failure {}
-
-/// Shorthand for a usage error as an `anyhow::Error`.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
-    Failure::Usage(msg.into()).into()
-}
+pub use crate::error::{usage, Failure};
 
 /// The exit codes of SPEC's table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +24,7 @@ pub enum Exit {
     Busy(u8),
     /// 76: the lease was lost during the run; the child was stopped; nothing but a `lost` record stored.
     LeaseLost,
-    /// 78: the database schema is newer than this binary.
+    /// 78: the database schema is newer than this binary, or was migrated differently.
     SchemaTooNew,
     /// 124: `--timeout` expired.
     TimedOut,

@@ -1,6 +1,13 @@
 //! Small formatting helpers for human-readable output.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+/// RFC 3339 in UTC with microseconds: the one timestamp format leasectl publishes (event
+/// payloads, `--json` output), whatever the database session's TimeZone. (Migration 0001 also
+/// defines an `rfc3339()` SQL function of the same format; leasectl itself no longer calls it.)
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_micros(t).to_string()
+}
 
 /// A compact duration for tables and messages: `850ms`, `4.2s`, `3m07s`, `2h05m`, `3d04h`.
 pub fn duration(d: Duration) -> String {

@@ -5,31 +5,33 @@
 //!
 //! * [`cli`] parses flags (values checked there), [`config`] turns them into a [`config::RunConfig`]
 //!   with the cross-flag rules applied — all before anything connects.
-//! * [`db`] finds the database like libpq does, connects ([`tls`] for encrypted links) and
-//!   migrates the schema under an advisory lock.
-//! * [`lease`] holds every SQL statement of the lease: acquire, heartbeat, release and the
-//!   fenced save that stores the run and its outbox event only while the token still matches.
+//! * [`db`] finds the database like libpq does, connects (TLS in [`db::tls`]) and migrates the
+//!   schema under an advisory lock, refusing a schema that is newer or was migrated differently.
+//! * [`store`] holds every SQL statement, one module per table: [`store::leases`] (acquire,
+//!   heartbeat, release), [`store::runs`] (the fenced save that stores the run and its outbox
+//!   event only while the token still matches) and [`store::outbox`].
 //! * [`run`] is the run path: [`run::wait`]-ing for the lease, the [`run::heartbeat`] that
 //!   renews it and decides, on the monotonic clock, when the command must be stopped, and
 //!   the fenced save at the end.
 //! * [`process`] is the one process supervisor (process group, watchdog, stop by a deadline,
 //!   leftovers, output capture), shared by `run` and the relay's `exec:` sink.
+//! * [`relay`] moves outbox events to a sink: the loop, [`relay::publish`] (the scheduler) and
+//!   one module per sink in [`relay::sink`].
 //! * [`cmd`] has one thin module per subcommand.
-//! * [`exit`] lists every exit code; `main.rs` maps the outcome to one and prints errors once.
+//! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
+//!   `main.rs` maps the outcome to one and prints errors once.
 
 pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod db;
+pub mod error;
 pub mod exit;
 pub mod fmt;
-pub mod lease;
 #[macro_use]
 pub mod log;
-pub mod outbox;
 pub mod process;
 pub mod relay;
 pub mod run;
 pub mod signals;
-pub mod sink;
-pub mod tls;
+pub mod store;

@@ -31,3 +31,30 @@ impl Signals {
         }
     }
 }
+
+/// SIGINT/SIGTERM for a loop that stops gracefully (the relay) rather than forwarding them: the
+/// first cancels `token` (after calling `on_first` with its number), so every `select!` on it
+/// winds down after the work in hand; the second is delivered on the returned channel, for
+/// the caller to abandon that work at once. The handlers are installed before this returns.
+pub fn cancel_on_stop(
+    token: tokio_util::sync::CancellationToken,
+    on_first: impl FnOnce(i32) + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<i32>> {
+    let make = |k: SignalKind| signal(k).context("cannot install signal handlers");
+    let mut int = make(SignalKind::interrupt())?;
+    let mut term = make(SignalKind::terminate())?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        on_first(next_stop(&mut int, &mut term).await);
+        token.cancel();
+        let _ = tx.send(next_stop(&mut int, &mut term).await);
+    });
+    Ok(rx)
+}
+
+async fn next_stop(int: &mut Signal, term: &mut Signal) -> i32 {
+    tokio::select! {
+        _ = int.recv() => libc::SIGINT,
+        _ = term.recv() => libc::SIGTERM,
+    }
+}

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use crate::cli::{DbArgs, OutboxCommand, OutboxDiscardArgs, OutboxListArgs, OutboxRetryArgs};
 use crate::exit::Exit;
 use crate::fmt;
-use crate::lease::rfc3339;
-use crate::outbox::{self, RetryWhich};
+use crate::fmt::rfc3339;
+use crate::store::outbox::{self, RetryWhich};
 
 pub async fn run(db: &DbArgs, cmd: OutboxCommand) -> Result<Exit> {
     match cmd {

@@ -5,11 +5,11 @@ use anyhow::Result;
 use crate::cli::{DbArgs, PruneArgs};
 use crate::exit::Exit;
 use crate::fmt;
-use crate::outbox;
+use crate::store::runs;
 
 pub async fn run(db: &DbArgs, args: PruneArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    let n = outbox::prune_runs(&db.client, &db.schema, args.older_than, args.dry_run).await?;
+    let n = runs::prune(&db.client, &db.schema, args.older_than, args.dry_run).await?;
     let verb = if args.dry_run {
         "would delete"
     } else {

@@ -4,8 +4,8 @@ use anyhow::Result;
 
 use crate::cli::{DbArgs, RelayArgs};
 use crate::exit::{usage, Exit};
+use crate::relay::sink::SinkSpec;
 use crate::relay::{self, RelayConfig};
-use crate::sink::SinkSpec;
 
 pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
     let sink = SinkSpec::parse(&args.sink).map_err(|e| usage(format!("--sink: {e}")))?;

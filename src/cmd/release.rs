@@ -7,11 +7,11 @@ use anyhow::Result;
 
 use crate::cli::{DbArgs, ReleaseArgs};
 use crate::exit::Exit;
-use crate::lease;
+use crate::store::leases;
 
 pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    match lease::force_release(&db.client, &db.schema, &args.target).await? {
+    match leases::force_release(&db.client, &db.schema, &args.target).await? {
         Some(h) => println!("released '{}' ({})", args.target, h.describe()),
         None => println!("'{}' was not held", args.target),
     }

@@ -1,55 +1,38 @@
 //! `leasectl runs --target T [--limit N] [--json]`: recorded runs, newest first.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::json;
-use tokio_postgres::types::Type;
 
 use crate::cli::{DbArgs, RunsArgs};
 use crate::exit::Exit;
 use crate::fmt;
+use crate::store::runs;
 
 pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    let sql = db.schema.sql(
-        "SELECT id, fence, outcome, exit_code, signal, host, pid,
-                {s}.rfc3339(started_at), {s}.rfc3339(finished_at),
-                round(extract(epoch FROM finished_at - started_at) * 1000)::int8,
-                round(extract(epoch FROM now() - finished_at) * 1000)::int8,
-                length(stdout)::int8, stdout_truncated, length(stderr)::int8, stderr_truncated,
-                argv, error
-           FROM {s}.runs WHERE target = $1
-          ORDER BY finished_at DESC LIMIT $2",
-    );
-    let rows = db
-        .client
-        .query_typed(
-            &sql,
-            &[(&args.target, Type::TEXT), (&args.limit, Type::INT8)],
-        )
-        .await
-        .context("cannot list runs")?;
+    let rows = runs::list(&db.client, &db.schema, &args.target, args.limit).await?;
 
     if args.json {
         let runs: Vec<_> = rows
             .iter()
             .map(|r| {
                 json!({
-                    "run_id": r.get::<_, uuid::Uuid>(0).to_string(),
-                    "fence": r.get::<_, i64>(1),
-                    "outcome": r.get::<_, &str>(2),
-                    "exit_code": r.get::<_, Option<i32>>(3),
-                    "signal": r.get::<_, Option<i32>>(4),
-                    "host": r.get::<_, &str>(5),
-                    "pid": r.get::<_, i32>(6),
-                    "started_at": r.get::<_, &str>(7),
-                    "finished_at": r.get::<_, &str>(8),
-                    "duration_ms": r.get::<_, i64>(9),
-                    "stdout_bytes": r.get::<_, i64>(11),
-                    "stdout_truncated": r.get::<_, bool>(12),
-                    "stderr_bytes": r.get::<_, i64>(13),
-                    "stderr_truncated": r.get::<_, bool>(14),
-                    "argv": r.get::<_, Vec<String>>(15),
-                    "error": r.get::<_, Option<&str>>(16),
+                    "run_id": r.id.to_string(),
+                    "fence": r.fence,
+                    "outcome": r.outcome,
+                    "exit_code": r.exit_code,
+                    "signal": r.signal,
+                    "host": r.host,
+                    "pid": r.pid,
+                    "started_at": fmt::rfc3339(r.started_at),
+                    "finished_at": fmt::rfc3339(r.finished_at),
+                    "duration_ms": r.duration_ms,
+                    "stdout_bytes": r.stdout_bytes,
+                    "stdout_truncated": r.stdout_truncated,
+                    "stderr_bytes": r.stderr_bytes,
+                    "stderr_truncated": r.stderr_truncated,
+                    "argv": r.argv,
+                    "error": r.error,
                 })
             })
             .collect();
@@ -64,19 +47,19 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let status = match (r.get::<_, Option<i32>>(3), r.get::<_, Option<i32>>(4)) {
+            let status = match (r.exit_code, r.signal) {
                 (_, Some(sig)) => format!("signal {sig}"),
                 (Some(code), None) => code.to_string(),
                 (None, None) => "-".into(),
             };
             vec![
-                r.get::<_, uuid::Uuid>(0).to_string(),
-                r.get::<_, i64>(1).to_string(),
-                r.get::<_, &str>(2).to_owned(),
+                r.id.to_string(),
+                r.fence.to_string(),
+                r.outcome.clone(),
                 status,
-                format!("{} ago", fmt::duration(fmt::millis(r.get(10)))),
-                fmt::duration(fmt::millis(r.get(9))),
-                format!("{} pid {}", r.get::<_, &str>(5), r.get::<_, i32>(6)),
+                format!("{} ago", fmt::duration(fmt::millis(r.age_ms))),
+                fmt::duration(fmt::millis(r.duration_ms)),
+                format!("{} pid {}", r.host, r.pid),
             ]
         })
         .collect();

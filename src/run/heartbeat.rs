@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::db::{self, Db};
-use crate::lease::{self, Lease};
+use crate::store::leases::{self, Lease};
 
 /// Renews the lease and decides, on the local monotonic clock, when it must be given up.
 ///
@@ -77,7 +77,7 @@ impl<'a> Heartbeat<'a> {
                 );
             }
             let limit = (self.stop_at - sent).min(self.interval.max(Duration::from_secs(2)));
-            match timeout(limit, lease::heartbeat(&db.client, &db.schema, self.lease)).await {
+            match timeout(limit, leases::heartbeat(&db.client, &db.schema, self.lease)).await {
                 Ok(Ok(true)) => {
                     if self.failures > 0 {
                         warn!(

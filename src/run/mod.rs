@@ -33,7 +33,8 @@ use crate::cli::{DbArgs, RunArgs};
 use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
-use crate::lease::{self, DbClock, Lease, Outcome, RunRecord, Saved};
+use crate::store::leases::{self, DbClock, Lease};
+use crate::store::runs::{self, Outcome, RunRecord, Saved};
 use crate::process::Capture;
 use crate::signals::Signals;
 use child::{Child, Spec};
@@ -74,7 +75,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
 
     if let Some(within) = cfg.reuse_within {
         let found = tokio::select! {
-            r = bounded(Instant::now() + STATEMENT_DEADLINE, lease::reusable(&db.client, &db.schema, &cfg.target, within)) => r?,
+            r = bounded(Instant::now() + STATEMENT_DEADLINE, runs::reusable(&db.client, &db.schema, &cfg.target, within)) => r?,
             sig = signals.recv() => return Ok(Exit::from_signal(sig)),
         };
         if let Some(r) = found {
@@ -133,7 +134,7 @@ async fn prepare(
         match cfg.reuse_within {
             // A run may have finished between our reuse check and the acquisition.
             Some(within) => {
-                bounded(until, lease::reusable(&db.client, &db.schema, &cfg.target, within)).await
+                bounded(until, runs::reusable(&db.client, &db.schema, &cfg.target, within)).await
             }
             None => Ok(None),
         }
@@ -172,7 +173,7 @@ async fn prepare(
 /// Releases the lease, best-effort, giving up at `until`.
 async fn release_within(db: &Db, lease: &Lease, until: Instant) {
     let until = until.max(Instant::now() + Duration::from_millis(500));
-    if let Err(e) = bounded(until, lease::release(&db.client, &db.schema, lease)).await {
+    if let Err(e) = bounded(until, leases::release(&db.client, &db.schema, lease)).await {
         info!("could not release '{}' ({e:#}); it expires with its TTL", lease.target);
     }
 }
@@ -418,7 +419,7 @@ async fn store(
         let until = Instant::now() + STATEMENT_DEADLINE.min(left / 2);
         let result = bounded(
             until,
-            lease::save_fenced(
+            runs::save_fenced(
                 &db.client,
                 &db.schema,
                 lease,
@@ -503,9 +504,9 @@ async fn record_lost(
     // The connection may be stuck behind the heartbeat that went unanswered: half the time
     // for it, the other half for a fresh one.
     let first = Instant::now() + limit / 2;
-    let mut stored = bounded(first, lease::record_lost(&db.client, &db.schema, lease, record)).await;
+    let mut stored = bounded(first, runs::record_lost(&db.client, &db.schema, lease, record)).await;
     if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
-        stored = bounded(until, lease::record_lost(&db.client, &db.schema, lease, record)).await;
+        stored = bounded(until, runs::record_lost(&db.client, &db.schema, lease, record)).await;
     }
     match stored {
         Ok(()) => say!(

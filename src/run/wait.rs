@@ -15,7 +15,8 @@ use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
 use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
-use crate::lease::{self, Acquired, Lease, Outcome};
+use crate::store::leases::{self, Acquired, Lease};
+use crate::store::runs::{self, Outcome};
 use crate::signals::Signals;
 
 /// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
@@ -154,7 +155,7 @@ enum Attempt {
     /// Try again at once.
     Again,
     /// Busy: this is the holder.
-    Wait(lease::Holder),
+    Wait(leases::Holder),
 }
 
 impl Waiter {
@@ -165,7 +166,7 @@ impl Waiter {
             }
         }
         let sent = Instant::now();
-        let holder = match lease::acquire(
+        let holder = match leases::acquire(
             &db.client,
             &db.schema,
             &cfg.target,
@@ -246,7 +247,7 @@ async fn released(
 /// whose stdout was cut) is not shared: the waiters compete and one of them runs.
 async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Exit>> {
     let Some((run, truncated)) =
-        lease::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
+        runs::run_by_fence(&db.client, &db.schema, &cfg.target, fence).await?
     else {
         return Ok(None);
     };

@@ -72,10 +72,25 @@ impl Cluster {
             frozen: Vec::new(),
         };
         let data = c.data();
-        let out = c.pg("initdb", &["-D", data.to_str().unwrap(), "-U", "postgres",
-            "--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions"]);
+        let out = c.pg(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+        );
         if !out.status.success() {
-            return Err(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         // A spare port can be taken between our probe and the server's bind: try a few.
         let mut last = String::new();
@@ -111,7 +126,10 @@ impl Cluster {
 
     /// The libpq connection string that reaches the cluster directly.
     pub fn conninfo(&self) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname=postgres", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
     }
 
     /// Runs a server program (as `postgres` when we are root), from `/` so the checkout's
@@ -136,7 +154,15 @@ impl Cluster {
     fn ctl(&self, args: &[&str]) -> Result<(), String> {
         let data = self.data();
         let log = self.log_path();
-        let mut all = vec!["-D", data.to_str().unwrap(), "-l", log.to_str().unwrap(), "-w", "-t", "60"];
+        let mut all = vec![
+            "-D",
+            data.to_str().unwrap(),
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-t",
+            "60",
+        ];
         all.extend_from_slice(args);
         let out = self.pg("pg_ctl", &all);
         if out.status.success() {
@@ -179,7 +205,9 @@ impl Cluster {
     /// SIGSTOP the postmaster and every backend: the server accepts TCP connections (the kernel
     /// does) but never answers — what a hung host looks like to a client.
     pub fn freeze(&mut self) {
-        let Some(pm) = self.postmaster_pid() else { return };
+        let Some(pm) = self.postmaster_pid() else {
+            return;
+        };
         procs::signal(pm, libc::SIGSTOP);
         let mut pids = vec![pm];
         pids.extend(procs::children_of(pm));
@@ -201,7 +229,10 @@ impl Cluster {
     pub fn wait_ready(&self, patience: Duration) -> bool {
         let start = Instant::now();
         while start.elapsed() < patience {
-            let out = self.pg("pg_isready", &["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()]);
+            let out = self.pg(
+                "pg_isready",
+                &["-q", "-h", "127.0.0.1", "-p", &self.port.to_string()],
+            );
             if out.status.success() {
                 return true;
             }

@@ -82,7 +82,10 @@ impl Fault {
             }
             let f = ALL.iter().find(|f| f.name() == name).ok_or_else(|| {
                 let names: Vec<_> = ALL.iter().map(|f| f.name()).collect();
-                format!("unknown fault '{name}' (known: {}, restart, all)", names.join(", "))
+                format!(
+                    "unknown fault '{name}' (known: {}, restart, all)",
+                    names.join(", ")
+                )
             })?;
             out.push(*f);
         }

@@ -89,8 +89,15 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         }
     }
     let state = ctx.targets.entry(t.clone()).or_default();
-    for l in o.observed.lines.iter().filter(|l| l.kind == "write" && l.extra != "-") {
-        let Ok(value) = l.extra.parse::<i64>() else { continue };
+    for l in o
+        .observed
+        .lines
+        .iter()
+        .filter(|l| l.kind == "write" && l.extra != "-")
+    {
+        let Ok(value) = l.extra.parse::<i64>() else {
+            continue;
+        };
         if !state.register.insert(value) && o.fault != Fault::SigStop {
             v.push((Inv::I1, format!(
                 "lost update: {} (fence {}) wrote register value {value}, which an earlier holder had already written",
@@ -129,13 +136,23 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         "SELECT fence, count(*) FROM \"{schema}\".runs WHERE target = '{t}' AND outcome <> 'lost'
             AND fence > {prev_max} GROUP BY fence HAVING count(*) > 1"
     )) {
-        v.push((Inv::I2, format!("fence {} has {} stored results", i64_of(&r[0]), i64_of(&r[1]))));
+        v.push((
+            Inv::I2,
+            format!(
+                "fence {} has {} stored results",
+                i64_of(&r[0]),
+                i64_of(&r[1])
+            ),
+        ));
     }
     for r in ctx.db.query(&format!(
         "SELECT payload->>'fence', count(*) FROM \"{schema}\".outbox WHERE aggregate_id = '{t}'
             AND (payload->>'fence')::bigint > {prev_max} GROUP BY 1 HAVING count(*) > 1"
     )) {
-        v.push((Inv::I2, format!("fence {} has {} events", i64_of(&r[0]), i64_of(&r[1]))));
+        v.push((
+            Inv::I2,
+            format!("fence {} has {} events", i64_of(&r[0]), i64_of(&r[1])),
+        ));
     }
     for r in ctx.db.query(&format!(
         "SELECT o.payload->>'run_id', o.payload->>'fence' FROM \"{schema}\".outbox o
@@ -143,8 +160,13 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
           WHERE o.aggregate_id = '{t}' AND (o.payload->>'fence')::bigint > {prev_max}
             AND (r.id IS NULL OR r.outcome = 'lost')"
     )) {
-        v.push((Inv::I2, format!(
-            "event for run {:?} (fence {:?}) has no stored, non-lost run", r[0], r[1])));
+        v.push((
+            Inv::I2,
+            format!(
+                "event for run {:?} (fence {:?}) has no stored, non-lost run",
+                r[0], r[1]
+            ),
+        ));
     }
 
     // I3: a lease that ended by expiry (not by release) had no live tree after the expiry.
@@ -156,8 +178,13 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         if rows.iter().any(|r| r[1].is_none()) {
             continue; // released
         }
-        let Some(last) = rows.iter().map(|r| f64_of(&r[3]) + i64_of(&r[4]) as f64 / 1e3).reduce(f64::max)
-        else { continue };
+        let Some(last) = rows
+            .iter()
+            .map(|r| f64_of(&r[3]) + i64_of(&r[4]) as f64 / 1e3)
+            .reduce(f64::max)
+        else {
+            continue;
+        };
         for tr in trees.iter().filter(|tr| tr.fence == fence) {
             if tr.last_alive > last && !stopped.contains_key(tr.id.as_str()) {
                 v.push((Inv::I3, format!(
@@ -170,16 +197,28 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     // I4: exit codes match what was stored.
     for c in &o.contenders {
         let Some(code) = c.code() else { continue };
-        let mine: Vec<_> = runs.iter().filter(|r| i64_of(&r[5]) == c.pid as i64).collect();
-        let stored = mine.iter().filter(|r| r[4].as_deref() != Some("lost")).count();
-        let outcomes: Vec<_> = mine.iter().map(|r| r[4].clone().unwrap_or_default()).collect();
+        let mine: Vec<_> = runs
+            .iter()
+            .filter(|r| i64_of(&r[5]) == c.pid as i64)
+            .collect();
+        let stored = mine
+            .iter()
+            .filter(|r| r[4].as_deref() != Some("lost"))
+            .count();
+        let outcomes: Vec<_> = mine
+            .iter()
+            .map(|r| r[4].clone().unwrap_or_default())
+            .collect();
         let bad = match code {
             0 | 3 | 124 | 126 | 127 | 129..=192 => stored != 1,
             76 => stored != 0,
             75 => !mine.is_empty(),
             69 | 70 => false,
             _ => {
-                v.push((Inv::I4, format!("{} exited {code}, which `run` never documents", c.id)));
+                v.push((
+                    Inv::I4,
+                    format!("{} exited {code}, which `run` never documents", c.id),
+                ));
                 false
             }
         };
@@ -196,11 +235,17 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     for r in &leases {
         let fence = i64_of(&r[2]);
         if fence < max {
-            v.push((Inv::I5, format!("the lease row went back from fence {max} to {fence}")));
+            v.push((
+                Inv::I5,
+                format!("the lease row went back from fence {max} to {fence}"),
+            ));
         }
         if r[1].is_some() && r[1] != prev_token {
             if fence <= max {
-                v.push((Inv::I5, format!("an acquisition got fence {fence}, not above {max}")));
+                v.push((
+                    Inv::I5,
+                    format!("an acquisition got fence {fence}, not above {max}"),
+                ));
             }
             acquired.insert((fence, r[1].clone().unwrap()));
         }
@@ -209,9 +254,12 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     }
     for tr in &trees {
         if !acquired.contains(&(tr.fence, tr.token.clone())) {
-            v.push((Inv::I5, format!(
+            v.push((
+                Inv::I5,
+                format!(
                 "{} ran with fence {} / token {}, which the database never granted in this round",
-                tr.id, tr.fence, tr.token)));
+                tr.id, tr.fence, tr.token),
+            ));
         }
     }
     ctx.targets.get_mut(t).unwrap().max_fence = max;
@@ -224,7 +272,13 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
 
     // H: bounded exits.
     for c in o.contenders.iter().filter(|c| c.hung) {
-        v.push((Inv::H, format!("{} had not exited at the round's bound and was killed", c.id)));
+        v.push((
+            Inv::H,
+            format!(
+                "{} had not exited at the round's bound and was killed",
+                c.id
+            ),
+        ));
     }
     if let (Some((start, hold)), Some(a)) = (o.silence, o.contenders.first()) {
         // A holder that lost its lease to a silent database (exit 76) must not wait for the
@@ -239,7 +293,8 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
             .iter()
             .any(|l| l.kind == "end" && l.id == a.id);
         if let Some((exit, _)) = a.exit {
-            if a.code() == Some(76) && !finished && exit > start + bound && bound < hold && !a.hung {
+            if a.code() == Some(76) && !finished && exit > start + bound && bound < hold && !a.hung
+            {
                 v.push((Inv::H, format!(
                     "{} lost its database for {hold:.1}s and exited only {:.1}s after the silence began (bound {bound:.1}s)",
                     a.id, exit - start)));

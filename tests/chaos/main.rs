@@ -59,7 +59,11 @@ impl Cfg {
     fn from_env() -> Cfg {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         let num = |k: &str, d: u64| {
-            var(k).map_or(d, |v| v.trim().parse().unwrap_or_else(|_| panic!("{k}={v}: not a number")))
+            var(k).map_or(d, |v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{k}={v}: not a number"))
+            })
         };
         let ttl_ms = num("LEASECTL_CHAOS_TTL_MS", 1000);
         Cfg {
@@ -68,7 +72,11 @@ impl Cfg {
                 .unwrap_or_else(|e| panic!("LEASECTL_CHAOS_FAULTS: {e}")),
             seed: num(
                 "LEASECTL_CHAOS_SEED",
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    % 1_000_000,
             ),
             // 2 heartbeats + kill-after must fit in the TTL (leasectl's own rule): 0.4 + 0.3.
             ttl_ms,
@@ -76,7 +84,8 @@ impl Cfg {
             kill_after_ms: ttl_ms * 3 / 10,
             report: var("LEASECTL_CHAOS_REPORT").map(PathBuf::from),
             keep: var("LEASECTL_CHAOS_KEEP").is_some(),
-            bin: var("LEASECTL_CHAOS_BIN").map_or(PathBuf::from(env!("CARGO_BIN_EXE_leasectl")), PathBuf::from),
+            bin: var("LEASECTL_CHAOS_BIN")
+                .map_or(PathBuf::from(env!("CARGO_BIN_EXE_leasectl")), PathBuf::from),
         }
     }
 
@@ -115,7 +124,10 @@ fn setup(cfg: Cfg) -> Result<Ctx, String> {
     let cluster = Cluster::start()?;
     let direct = cluster.conninfo();
     let proxy = Proxy::start(([127, 0, 0, 1], cluster.port).into());
-    let proxy_conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", proxy.port);
+    let proxy_conninfo = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        proxy.port
+    );
     let schema = "chaos_l".to_owned();
     let out = std::process::Command::new(&cfg.bin)
         .args(["--database-url", &direct, "--schema", &schema, "migrate"])
@@ -123,7 +135,10 @@ fn setup(cfg: Cfg) -> Result<Ctx, String> {
         .output()
         .map_err(|e| format!("leasectl migrate: {e}"))?;
     if !out.status.success() {
-        return Err(format!("leasectl migrate: {}", String::from_utf8_lossy(&out.stderr)));
+        return Err(format!(
+            "leasectl migrate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     let mut db = Db::new(&direct);
     db::instrument(&mut db, &schema);
@@ -164,8 +179,17 @@ struct Figures {
 fn dump(ctx: &mut Ctx, o: &round::Outcome) -> String {
     let mut s = String::new();
     for c in &o.contenders {
-        let stopped = c.stopped.map_or(String::new(), |(a, b)| format!(", SIGSTOP {a:.3} → SIGCONT {b:.3}"));
-        let _ = writeln!(s, "  {} leasectl pid {}: {}{}", c.id, c.pid, c.describe_exit(), stopped);
+        let stopped = c.stopped.map_or(String::new(), |(a, b)| {
+            format!(", SIGSTOP {a:.3} → SIGCONT {b:.3}")
+        });
+        let _ = writeln!(
+            s,
+            "  {} leasectl pid {}: {}{}",
+            c.id,
+            c.pid,
+            c.describe_exit(),
+            stopped
+        );
         if let Some((t, _)) = c.exit {
             let _ = writeln!(s, "    exited at {t:.3}");
         }
@@ -174,12 +198,19 @@ fn dump(ctx: &mut Ctx, o: &round::Outcome) -> String {
         let _ = writeln!(s, "  database silent from {t:.3} for {hold:.1}s");
     }
     let log = std::fs::read_to_string(o.dir.join("children.log")).unwrap_or_default();
-    let _ = writeln!(s, "  --- children.log (kind id pid fence [extra] wall-clock) ---");
+    let _ = writeln!(
+        s,
+        "  --- children.log (kind id pid fence [extra] wall-clock) ---"
+    );
     for l in log.lines() {
         let _ = writeln!(s, "  {l}");
     }
     for (pid, w) in &o.observed.watches {
-        let _ = writeln!(s, "  watch pid {pid} {} {}: last alive {:.3}", w.id, w.kind, w.last_alive);
+        let _ = writeln!(
+            s,
+            "  watch pid {pid} {} {}: last alive {:.3}",
+            w.id, w.kind, w.last_alive
+        );
     }
     for c in &o.contenders {
         let err = std::fs::read_to_string(o.dir.join(format!("{}.err", c.id))).unwrap_or_default();
@@ -193,7 +224,10 @@ fn dump(ctx: &mut Ctx, o: &round::Outcome) -> String {
            FROM chaos.lease_log WHERE target = '{}' ORDER BY id DESC LIMIT 40",
         o.target
     ));
-    let _ = writeln!(s, "  --- lease_log (newest first: id, fence, token, heartbeat_at, acquired_at) ---");
+    let _ = writeln!(
+        s,
+        "  --- lease_log (newest first: id, fence, token, heartbeat_at, acquired_at) ---"
+    );
     for r in rows {
         let _ = writeln!(s, "  {r:?}");
     }
@@ -208,21 +242,43 @@ fn table(cfg: &Cfg, per_fault: &BTreeMap<Fault, Figures>, wall: f64) -> String {
         "leasectl chaos: {total_rounds} rounds in {:.0}s (seed {}, TTL {}ms, heartbeat {}ms, kill-after {}ms, {})\n",
         wall, cfg.seed, cfg.ttl_ms, cfg.heartbeat_ms, cfg.kill_after_ms, cfg.bin.display()
     );
-    let _ = writeln!(s, "| fault | rounds | injected | I1 | I2 | I3 | I4 | I5 | I6 | H | first holder's exits |");
+    let _ = writeln!(
+        s,
+        "| fault | rounds | injected | I1 | I2 | I3 | I4 | I5 | I6 | H | first holder's exits |"
+    );
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut tot = Figures::default();
     for (fault, f) in per_fault {
-        let cells: Vec<String> = INVARIANTS.iter().map(|i| f.violations.get(i).copied().unwrap_or(0).to_string()).collect();
+        let cells: Vec<String> = INVARIANTS
+            .iter()
+            .map(|i| f.violations.get(i).copied().unwrap_or(0).to_string())
+            .collect();
         let exits: Vec<String> = f.exits.iter().map(|(k, n)| format!("{k}: {n}")).collect();
-        let _ = writeln!(s, "| {fault} | {} | {} | {} | {} |", f.rounds, f.injected, cells.join(" | "), exits.join(", "));
+        let _ = writeln!(
+            s,
+            "| {fault} | {} | {} | {} | {} |",
+            f.rounds,
+            f.injected,
+            cells.join(" | "),
+            exits.join(", ")
+        );
         tot.rounds += f.rounds;
         tot.injected += f.injected;
         for (i, n) in &f.violations {
             *tot.violations.entry(*i).or_default() += n;
         }
     }
-    let cells: Vec<String> = INVARIANTS.iter().map(|i| tot.violations.get(i).copied().unwrap_or(0).to_string()).collect();
-    let _ = writeln!(s, "| **total** | {} | {} | {} | |", tot.rounds, tot.injected, cells.join(" | "));
+    let cells: Vec<String> = INVARIANTS
+        .iter()
+        .map(|i| tot.violations.get(i).copied().unwrap_or(0).to_string())
+        .collect();
+    let _ = writeln!(
+        s,
+        "| **total** | {} | {} | {} | |",
+        tot.rounds,
+        tot.injected,
+        cells.join(" | ")
+    );
     s
 }
 
@@ -232,7 +288,11 @@ fn chaos() {
     eprintln!(
         "chaos: {} rounds, faults {}, seed {}",
         cfg.rounds,
-        cfg.faults.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
+        cfg.faults
+            .iter()
+            .map(|f| f.name())
+            .collect::<Vec<_>>()
+            .join(","),
         cfg.seed
     );
     let mut ctx = match setup(cfg) {
@@ -260,12 +320,21 @@ fn chaos() {
         for (inv, _) in &violations {
             *fig.violations.entry(*inv).or_default() += 1;
         }
-        let verdict = if violations.is_empty() { "ok".to_owned() } else { format!("{} VIOLATION(S)", violations.len()) };
+        let verdict = if violations.is_empty() {
+            "ok".to_owned()
+        } else {
+            format!("{} VIOLATION(S)", violations.len())
+        };
         eprintln!(
             "chaos: round {n} {fault} on {}: {} [{}] ({:.0}s elapsed)",
             outcome.target,
             verdict,
-            outcome.contenders.iter().map(|c| format!("{} {}", c.id, c.describe_exit())).collect::<Vec<_>>().join(", "),
+            outcome
+                .contenders
+                .iter()
+                .map(|c| format!("{} {}", c.id, c.describe_exit()))
+                .collect::<Vec<_>>()
+                .join(", "),
             started.elapsed().as_secs_f64()
         );
         if !violations.is_empty() {
@@ -295,5 +364,8 @@ fn chaos() {
         eprintln!("chaos: round directories kept in {}", ctx.dir.display());
         std::mem::forget(ctx._tmp);
     }
-    assert_eq!(failures, 0, "{failures} round(s) violated an invariant (figures above)");
+    assert_eq!(
+        failures, 0,
+        "{failures} round(s) violated an invariant (figures above)"
+    );
 }

@@ -23,7 +23,11 @@ pub fn stat(pid: i32) -> Option<(char, i32, u64)> {
     // The command name may contain spaces and parentheses: fields start after the last ')'.
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    Some((f.first()?.chars().next()?, f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?))
+    Some((
+        f.first()?.chars().next()?,
+        f.get(1)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
 }
 
 /// Alive = exists and is not a zombie (a zombie can do no more work).
@@ -38,7 +42,10 @@ pub fn start_time(ticks: u64) -> f64 {
         std::fs::read_to_string("/proc/stat")
             .unwrap()
             .lines()
-            .find_map(|l| l.strip_prefix("btime ").map(|v| v.trim().parse::<f64>().unwrap()))
+            .find_map(|l| {
+                l.strip_prefix("btime ")
+                    .map(|v| v.trim().parse::<f64>().unwrap())
+            })
             .unwrap()
     });
     // SAFETY: sysconf is always safe to call.

@@ -73,7 +73,11 @@ fn parse_line(l: &str) -> Option<Line> {
         id: f[1].to_owned(),
         pid: f[2].parse().ok()?,
         fence: f[3].parse().ok()?,
-        extra: if f.len() > 5 { f[4].to_owned() } else { String::new() },
+        extra: if f.len() > 5 {
+            f[4].to_owned()
+        } else {
+            String::new()
+        },
         ts: f[f.len() - 1].parse().ok()?,
     })
 }
@@ -127,7 +131,11 @@ impl Monitor {
                     if matches!(l.kind.as_str(), "start" | "grand" | "fg") {
                         let ticks = match procs::stat(l.pid) {
                             // Started well after it logged: the pid was already reused.
-                            Some((st, _, t)) if st != 'Z' && procs::start_time(t) <= l.ts + 0.05 => Some(t),
+                            Some((st, _, t))
+                                if st != 'Z' && procs::start_time(t) <= l.ts + 0.05 =>
+                            {
+                                Some(t)
+                            }
                             _ => None,
                         };
                         o.watches.insert(
@@ -260,28 +268,46 @@ fn pipe() -> (OwnedFd, OwnedFd) {
 
 fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
     let mut cmd = Command::new(&ctx.cfg.bin);
-    for v in ["DATABASE_URL", "PGHOST", "PGPORT", "PGUSER", "PGDATABASE", "PGPASSWORD", "PGSERVICE"] {
+    for v in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGDATABASE",
+        "PGPASSWORD",
+        "PGSERVICE",
+    ] {
         cmd.env_remove(v);
     }
-    cmd.args(["--database-url", &ctx.proxy_conninfo, "--schema", &ctx.schema, "-v", "run"])
-        .args(["--target", &s.target])
-        .arg(format!("--ttl={}ms", ctx.cfg.ttl_ms))
-        .arg(format!("--heartbeat={}ms", ctx.cfg.heartbeat_ms))
-        .arg(format!("--kill-after={}ms", ctx.cfg.kill_after_ms))
-        .arg("--wait=60s")
-        .args(["--", "sh", "-c", CHILD])
-        .env(procs::MARKER, &s.id)
-        .env("CHAOS_LOG", dir.join("children.log"))
-        .env("CHAOS_PSQL", &ctx.psql)
-        .env("CHAOS_DB", format!("{} connect_timeout=3", ctx.direct_conninfo))
-        .env("CHAOS_SLEEP", format!("{:.3}", s.sleep_ms as f64 / 1000.0))
-        .env("CHAOS_IGNORE_TERM", if s.ignore_term { "1" } else { "0" })
-        .env("CHAOS_EXIT", s.exit_code.to_string())
-        .env("CHAOS_YES", if s.yes { "1" } else { "0" })
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        // Its own process group, so that a group kill hits leasectl's group and not ours.
-        .process_group(0);
+    cmd.args([
+        "--database-url",
+        &ctx.proxy_conninfo,
+        "--schema",
+        &ctx.schema,
+        "-v",
+        "run",
+    ])
+    .args(["--target", &s.target])
+    .arg(format!("--ttl={}ms", ctx.cfg.ttl_ms))
+    .arg(format!("--heartbeat={}ms", ctx.cfg.heartbeat_ms))
+    .arg(format!("--kill-after={}ms", ctx.cfg.kill_after_ms))
+    .arg("--wait=60s")
+    .args(["--", "sh", "-c", CHILD])
+    .env(procs::MARKER, &s.id)
+    .env("CHAOS_LOG", dir.join("children.log"))
+    .env("CHAOS_PSQL", &ctx.psql)
+    .env(
+        "CHAOS_DB",
+        format!("{} connect_timeout=3", ctx.direct_conninfo),
+    )
+    .env("CHAOS_SLEEP", format!("{:.3}", s.sleep_ms as f64 / 1000.0))
+    .env("CHAOS_IGNORE_TERM", if s.ignore_term { "1" } else { "0" })
+    .env("CHAOS_EXIT", s.exit_code.to_string())
+    .env("CHAOS_YES", if s.yes { "1" } else { "0" })
+    .current_dir(dir)
+    .stdin(Stdio::null())
+    // Its own process group, so that a group kill hits leasectl's group and not ours.
+    .process_group(0);
     let mut readers = Vec::new();
     if s.stdout_pipe {
         let (r, w) = pipe();
@@ -370,7 +396,11 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
     let mut cs = vec![spawn(ctx, &dir, &a)];
     // The first contender must be the holder: the second starts once its command runs.
     let a_started = wait_until(now() + 30.0, || {
-        cs[0].poll() || monitor.lines().iter().any(|l| l.kind == "start" && l.id == a.id)
+        cs[0].poll()
+            || monitor
+                .lines()
+                .iter()
+                .any(|l| l.kind == "start" && l.id == a.id)
     }) && cs[0].exit.is_none();
     cs.push(spawn(ctx, &dir, &b));
     let mut silence = None;
@@ -396,7 +426,10 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
                 let b_id = b.id.clone();
                 wait_until(stop + 4.0 * ttl + 5.0, || {
                     now() > stop + ttl
-                        && monitor.lines().iter().any(|l| l.kind == "start" && l.id == b_id)
+                        && monitor
+                            .lines()
+                            .iter()
+                            .any(|l| l.kind == "start" && l.id == b_id)
                 });
                 let cont = now();
                 procs::signal(cs[0].pid, libc::SIGCONT);
@@ -450,8 +483,13 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
     }
     // Nothing a leasectl started may be alive LEFTOVER_SLACK after it exited.
     let prefix = format!("r{round}-");
-    let last_exit = cs.iter().filter_map(|c| c.exit.map(|e| e.0)).fold(0.0, f64::max);
-    wait_until(last_exit + LEFTOVER_SLACK, || procs::marked(&prefix).is_empty());
+    let last_exit = cs
+        .iter()
+        .filter_map(|c| c.exit.map(|e| e.0))
+        .fold(0.0, f64::max);
+    wait_until(last_exit + LEFTOVER_SLACK, || {
+        procs::marked(&prefix).is_empty()
+    });
     let leftovers: Vec<_> = procs::marked(&prefix)
         .into_iter()
         .filter(|(_, id, _)| {

@@ -93,9 +93,10 @@ impl Env {
         c
     }
 
-    /// Runs leasectl with `args` to completion.
+    /// Runs leasectl with `args` to completion, or kills it after [`PATIENCE`] and panics with
+    /// its output so far (see [`OutputInTime`]).
     pub fn run(&self, args: &[&str]) -> Output {
-        self.command().args(args).output().unwrap()
+        self.command().args(args).output_in_time()
     }
 
     /// Spawns leasectl with `args`, output piped.
@@ -207,11 +208,11 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// kill(2): `sig` 0 only checks that the process exists, as with the system call.
 pub fn kill(pid: u32, sig: i32) {
-    // SAFETY: plain kill(2).
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
+    let sig =
+        (sig != 0).then(|| nix::sys::signal::Signal::try_from(sig).expect("a known signal number"));
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 
 /// Waits for a spawned leasectl and returns its output, panicking after [`PATIENCE`].
@@ -229,6 +230,81 @@ pub fn finish(mut child: std::process::Child) -> Output {
             );
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `Command::output` with a deadline, so that a liveness bug (say, `relay --once` that never
+/// runs dry) fails its test with what the command printed instead of hanging the suite.
+pub trait OutputInTime {
+    /// Runs to completion within [`PATIENCE`]; see [`OutputInTime::output_within`].
+    fn output_in_time(&mut self) -> Output {
+        self.output_within(PATIENCE)
+    }
+
+    /// Runs to completion (exit and end of both pipes) within `deadline`, else kills the process
+    /// and panics with its stdout and stderr so far. Stdout and stderr are always captured
+    /// (stdin is empty): for a command that writes elsewhere, spawn it and use [`finish`].
+    fn output_within(&mut self, deadline: Duration) -> Output;
+}
+
+impl OutputInTime for Command {
+    // Every way out of the loop has waited for the child (or killed and waited); the lint
+    // cannot tell, and the remaining exits are panics that end the test anyway.
+    #[allow(clippy::zombie_processes)]
+    fn output_within(&mut self, deadline: Duration) -> Output {
+        use std::io::Read;
+        use std::sync::{Arc, Mutex};
+        let start = Instant::now();
+        // As `Command::output` does: the child's stdin is empty, not the test's.
+        let mut child = self
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {self:?}: {e}"));
+        let collect = |mut pipe: Box<dyn Read + Send>| {
+            let buf = Arc::new(Mutex::new(Vec::new()));
+            let sink = buf.clone();
+            let reader = std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+                }
+            });
+            (buf, reader)
+        };
+        let (out, out_reader) = collect(Box::new(child.stdout.take().unwrap()));
+        let (err, err_reader) = collect(Box::new(child.stderr.take().unwrap()));
+        let mut status = None;
+        loop {
+            if status.is_none() {
+                status = child.try_wait().unwrap();
+            }
+            // A grandchild still holding a pipe keeps it open after the exit: wait for both.
+            if status.is_some() && out_reader.is_finished() && err_reader.is_finished() {
+                break;
+            }
+            if start.elapsed() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{self:?} (pid {}) did not finish within {deadline:?} and was killed\n--- stdout so far ---\n{}\n--- stderr so far ---\n{}",
+                    child.id(),
+                    String::from_utf8_lossy(&out.lock().unwrap()),
+                    String::from_utf8_lossy(&err.lock().unwrap())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (stdout, stderr) = (out.lock().unwrap().clone(), err.lock().unwrap().clone());
+        Output {
+            status: status.unwrap(),
+            stdout,
+            stderr,
+        }
     }
 }
 

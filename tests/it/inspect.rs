@@ -228,6 +228,36 @@ fn a_schema_newer_than_the_binary_is_refused_with_78() {
 }
 
 #[test]
+fn an_applied_migration_whose_text_changed_is_refused_with_78() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    // What the ledger holds when the 0001 file this database ran differs from the binary's.
+    env.sql("UPDATE schema_migrations SET checksum = sha384('edited') WHERE version = 1");
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_one_line_error(&o, 78, "migration 0001_init applied to schema");
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "0");
+    let o = env.run(&["migrate"]);
+    assert_one_line_error(&o, 78, "checksum mismatch");
+}
+
+#[test]
+fn a_ledger_from_before_checksums_gets_them_on_upgrade_and_they_are_checked() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    let sums = "SELECT string_agg(version || ':' || encode(checksum, 'hex'), ',' ORDER BY version) FROM schema_migrations";
+    let recorded = env.scalar(sums);
+    // A ledger as a leasectl without checksums left it, at version 1.
+    env.sql("ALTER TABLE schema_migrations DROP COLUMN checksum; DELETE FROM schema_migrations WHERE version = 2;
+             DROP INDEX outbox_held; DROP INDEX runs_finished;
+             CREATE INDEX outbox_aggregate_seq ON outbox (aggregate_type, aggregate_id, seq);");
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.scalar(sums), recorded);
+    env.sql("UPDATE schema_migrations SET checksum = sha384('edited') WHERE version = 2");
+    assert_one_line_error(&env.run(&["status"]), 78, "migration 0002_relay applied");
+}
+
+#[test]
 fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() {
     let env = Env::new();
     env.run(&["migrate"]);
@@ -241,7 +271,7 @@ fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() 
         let mut notes = db.notifications;
         db.client.batch_execute(&format!("LISTEN \"{}.outbox\"", env.schema)).await.unwrap();
         // leasectl's own save (which sends the NOTIFY itself and skips the trigger).
-        let o = env.command().args(["run", "--target", "n", "--", "true"]).output().unwrap();
+        let o = env.command().args(["run", "--target", "n", "--", "true"]).output_in_time();
         assert_eq!(code(&o), 0);
         assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
         // An application's own transaction, through the trigger.

@@ -8,6 +8,7 @@ mod cli;
 mod completions;
 mod events;
 mod faults;
+mod harness;
 mod inspect;
 mod lease;
 mod relay;

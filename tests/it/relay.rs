@@ -247,14 +247,16 @@ fn a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest() {
         .map_or(0, |i| i + 1);
     std::fs::write(&out, &written[..complete]).unwrap();
     let before = line_count(&out);
-    let o = env
-        .command()
-        .args(["relay", "--once", "--sink", "stdout"])
-        .stdout(Stdio::from(
-            OpenOptions::new().append(true).open(&out).unwrap(),
-        ))
-        .output()
-        .unwrap();
+    let o = finish(
+        env.command()
+            .args(["relay", "--once", "--sink", "stdout"])
+            .stdout(Stdio::from(
+                OpenOptions::new().append(true).open(&out).unwrap(),
+            ))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let events = read_events(&out);
     let got: HashSet<String> = ids(&events).into_iter().collect();
@@ -472,8 +474,7 @@ fn a_relay_without_its_database_exits_69_with_one_line() {
     let o = env
         .command_at("host=127.0.0.1 port=1 user=nobody dbname=x connect_timeout=2")
         .args(["relay", "--sink", "stdout"])
-        .output()
-        .unwrap();
+        .output_in_time();
     assert_one_line_error(&o, 69, "cannot connect");
 }
 

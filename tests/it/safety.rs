@@ -46,7 +46,16 @@ struct RowLock(Child);
 impl RowLock {
     fn new(env: &Env, target: &str) -> RowLock {
         let mut psql = Command::new("psql")
-            .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d", &env.url])
+            .args([
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &env.url,
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -137,7 +146,9 @@ fn a_broken_stderr_neither_panics_nor_abandons_the_run() {
     let status = exits_within(&mut child, PATIENCE, "broken stderr");
     assert_eq!(status.code(), Some(3), "{status:?}");
     assert_eq!(
-        env.scalar("SELECT outcome || ':' || exit_code || ':' || convert_from(stderr, 'UTF8') FROM runs"),
+        env.scalar(
+            "SELECT outcome || ':' || exit_code || ':' || convert_from(stderr, 'UTF8') FROM runs"
+        ),
         "completed:3:one\ntwo\n"
     );
     assert_eq!(
@@ -165,7 +176,7 @@ fn sigkill_to_leasectls_whole_process_group_kills_the_commands_grandchildren() {
     let mut child = leasectl.spawn().unwrap();
     let grandchild = pid_in(&bg);
     kill(child.id(), 0); // still there
-    // SAFETY: plain kill(2) of the process group leasectl leads.
+                         // SAFETY: plain kill(2) of the process group leasectl leads.
     unsafe {
         libc::kill(-(child.id() as i32), libc::SIGKILL);
     }
@@ -184,7 +195,16 @@ fn a_command_is_not_started_when_the_acquire_came_back_too_late_to_stop_it_in_ti
     let marker = env.path("ran");
     let script = format!("touch '{}'", marker.display());
     let o = env.run(&[
-        "run", "--target", "late", "--ttl", "1s", "--kill-after", "100ms", "--", "sh", "-c",
+        "run",
+        "--target",
+        "late",
+        "--ttl",
+        "1s",
+        "--kill-after",
+        "100ms",
+        "--",
+        "sh",
+        "-c",
         &script,
     ]);
     assert_eq!(code(&o), 76, "{}", stderr(&o));
@@ -203,16 +223,25 @@ fn sigterm_to_a_waiter_whose_acquire_is_stuck_ends_it_without_running_the_comman
     let script = format!("touch '{}'", marker.display());
     let mut waiter = env
         .command()
-        .args(["run", "--target", "stuck", "--wait", "--", "sh", "-c", &script])
+        .args([
+            "run", "--target", "stuck", "--wait", "--", "sh", "-c", &script,
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     wait_for("the acquire to stall in the database", || {
-        env.scalar(&format!("SELECT count(*) FROM pg_stat_activity WHERE {}", stalled(&env))) != "0"
+        env.scalar(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE {}",
+            stalled(&env)
+        )) != "0"
     });
     kill(waiter.id(), libc::SIGTERM);
-    let status = exits_within(&mut waiter, Duration::from_secs(10), "SIGTERM while acquiring");
+    let status = exits_within(
+        &mut waiter,
+        Duration::from_secs(10),
+        "SIGTERM while acquiring",
+    );
     assert_eq!(status.code(), Some(143));
     cancel_stalls(&env);
     assert!(!marker.exists(), "the command ran after SIGTERM");
@@ -229,7 +258,11 @@ fn wait_with_a_limit_ends_even_while_the_acquire_is_stuck() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let status = exits_within(&mut waiter, Duration::from_secs(10), "--wait=1s while acquiring");
+    let status = exits_within(
+        &mut waiter,
+        Duration::from_secs(10),
+        "--wait=1s while acquiring",
+    );
     cancel_stalls(&env);
     assert_eq!(status.code(), Some(75));
 }
@@ -250,8 +283,19 @@ fn a_stop_that_starts_late_grants_no_grace_past_the_lease() {
     let mut holder = env
         .command()
         .args([
-            "run", "--target", "p", "--ttl", "4s", "--heartbeat", "500ms", "--kill-after",
-            "2500ms", "--", "sh", "-c", &script,
+            "run",
+            "--target",
+            "p",
+            "--ttl",
+            "4s",
+            "--heartbeat",
+            "500ms",
+            "--kill-after",
+            "2500ms",
+            "--",
+            "sh",
+            "-c",
+            &script,
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -270,7 +314,9 @@ fn a_stop_that_starts_late_grants_no_grace_past_the_lease() {
     let status = exits_within(&mut holder, PATIENCE, "resumed holder");
     assert_eq!(status.code(), Some(76));
     assert!(
-        !std::fs::read_to_string(&log).unwrap_or_default().contains("TERM"),
+        !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("TERM"),
         "the command was sent SIGTERM and a grace after the lease's deadline had passed"
     );
     assert!(
@@ -289,7 +335,14 @@ fn a_lease_lost_to_a_silent_database_ends_with_76_without_waiting_for_it() {
     let mut holder = env
         .command()
         .args([
-            "run", "--target", "s", "--ttl", "2s", "--", "sh", "-c",
+            "run",
+            "--target",
+            "s",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
             &format!("echo $$ > '{}'; exec sleep 300", pidfile.display()),
         ])
         .stdout(Stdio::null())
@@ -298,7 +351,11 @@ fn a_lease_lost_to_a_silent_database_ends_with_76_without_waiting_for_it() {
         .unwrap();
     let command = pid_in(&pidfile);
     let lock = RowLock::new(&env, "s");
-    let status = exits_within(&mut holder, Duration::from_secs(25), "lost lease, silent DB");
+    let status = exits_within(
+        &mut holder,
+        Duration::from_secs(25),
+        "lost lease, silent DB",
+    );
     let mut err = String::new();
     std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(76), "{err}");
@@ -313,7 +370,17 @@ fn a_save_that_the_database_never_answers_gives_up_with_69() {
     assert_eq!(code(&env.run(&["migrate"])), 0);
     let mut holder = env
         .command()
-        .args(["run", "--target", "v", "--ttl", "2s", "--", "sh", "-c", &env.gate()])
+        .args([
+            "run",
+            "--target",
+            "v",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &env.gate(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -350,7 +417,11 @@ fn a_closed_stdout_reaches_the_command_as_a_broken_pipe() {
     assert_eq!(line, "y\n");
     drop(out);
     let status = exits_within(&mut leasectl, Duration::from_secs(20), "yes | head");
-    assert_eq!(status.code(), Some(141), "yes must die of SIGPIPE, as without leasectl");
+    assert_eq!(
+        status.code(),
+        Some(141),
+        "yes must die of SIGPIPE, as without leasectl"
+    );
     assert_eq!(
         env.scalar("SELECT outcome || ':' || signal FROM runs"),
         "completed:13"
@@ -378,7 +449,16 @@ fn a_helper_that_keeps_stdout_open_neither_holds_leasectl_nor_costs_the_lease() 
     let mut leasectl = env
         .command()
         .args([
-            "run", "--target", "h", "--ttl", "1s", "--kill-after", "300ms", "--", "sh", "-c",
+            "run",
+            "--target",
+            "h",
+            "--ttl",
+            "1s",
+            "--kill-after",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
             &script,
         ])
         .stdout(Stdio::piped())
@@ -401,9 +481,25 @@ fn a_helper_that_keeps_stdout_open_neither_holds_leasectl_nor_costs_the_lease() 
 #[test]
 fn a_capture_limit_beyond_what_postgresql_can_store_is_a_usage_error() {
     let env = Env::new();
-    let o = env.run(&["run", "--target", "c", "--capture-limit", "2GiB", "--", "true"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "c",
+        "--capture-limit",
+        "2GiB",
+        "--",
+        "true",
+    ]);
     assert_one_line_error(&o, 2, "--capture-limit");
-    let o = env.run(&["run", "--target", "c", "--capture-limit", "256MiB", "--", "true"]);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "c",
+        "--capture-limit",
+        "256MiB",
+        "--",
+        "true",
+    ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
@@ -465,7 +561,16 @@ fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expi
     let env = Env::new();
     let pidfile = env.path("pid");
     let holder = env.spawn(&[
-        "run", "--target", "g", "--ttl", "2s", "--kill-after", "600ms", "--", "sh", "-c",
+        "run",
+        "--target",
+        "g",
+        "--ttl",
+        "2s",
+        "--kill-after",
+        "600ms",
+        "--",
+        "sh",
+        "-c",
         &format!(
             "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
             pidfile.display()
@@ -473,7 +578,10 @@ fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expi
     ]);
     let command = pid_in(&pidfile);
     let (in_time, age) = died_before_expiry(&env, "g", command, Duration::from_secs(2));
-    assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl 2s)");
+    assert!(
+        in_time,
+        "the command was still alive {age} after the last heartbeat (ttl 2s)"
+    );
     assert_eq!(code(&finish(holder)), 76);
 }
 
@@ -485,8 +593,18 @@ fn the_stop_is_timed_from_the_send_of_the_last_good_heartbeat_not_its_answer() {
     slow_heartbeats(&env, "s", 0.6);
     let pidfile = env.path("pid");
     let holder = env.spawn(&[
-        "run", "--target", "s", "--ttl", "2s", "--heartbeat", "300ms", "--kill-after", "500ms",
-        "--", "sh", "-c",
+        "run",
+        "--target",
+        "s",
+        "--ttl",
+        "2s",
+        "--heartbeat",
+        "300ms",
+        "--kill-after",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
         &format!(
             "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
             pidfile.display()
@@ -498,7 +616,10 @@ fn the_stop_is_timed_from_the_send_of_the_last_good_heartbeat_not_its_answer() {
         env.scalar("SELECT heartbeat_at > acquired_at FROM leases WHERE target = 's'") == "t"
     });
     let (in_time, age) = died_before_expiry(&env, "s", command, Duration::from_secs(2));
-    assert!(in_time, "the command was still alive {age} after the last heartbeat (ttl 2s)");
+    assert!(
+        in_time,
+        "the command was still alive {age} after the last heartbeat (ttl 2s)"
+    );
     assert_eq!(code(&finish(holder)), 76);
 }
 
@@ -523,7 +644,10 @@ fn a_panic_mid_run_is_one_line_exit_70_and_the_command_dies_with_leasectl() {
     assert_eq!(code(&o), 70, "{}", stderr(&o));
     let err = stderr(&o);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.starts_with("leasectl: internal error: LEASECTL_TEST_PANIC"), "{err}");
+    assert!(
+        err.starts_with("leasectl: internal error: LEASECTL_TEST_PANIC"),
+        "{err}"
+    );
     assert!(!err.contains("RUST_BACKTRACE"), "{err}");
     let bg = pid_in(&bg);
     wait_for("the grandchild to die with leasectl", || !alive(bg));

@@ -213,7 +213,12 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
         s = env.schema
     ));
     let a = env.spawn(&[
-        "run", "--target", "oauth", "--", "sh", "-c",
+        "run",
+        "--target",
+        "oauth",
+        "--",
+        "sh",
+        "-c",
         &format!("{}; {}", env.gate(), refresh_script(&env, "")),
     ]);
     wait_for("A to hold the lease", || {
@@ -221,7 +226,17 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
     });
     let b = env
         .command()
-        .args(["run", "--target", "oauth", "--wait", "--reuse-within", "1h", "--", "sh", "-c"])
+        .args([
+            "run",
+            "--target",
+            "oauth",
+            "--wait",
+            "--reuse-within",
+            "1h",
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(refresh_script(&env, ""))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -243,5 +258,10 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
     assert_eq!(code(&b), 0, "{}", stderr(&b));
     assert_eq!(stdout(&b), stdout(&a), "B must print A's stored result");
     let runs = std::fs::read_to_string(env.path("count")).unwrap();
-    assert_eq!(runs.lines().count(), 1, "the refresh ran {} times", runs.lines().count());
+    assert_eq!(
+        runs.lines().count(),
+        1,
+        "the refresh ran {} times",
+        runs.lines().count()
+    );
 }

@@ -18,9 +18,9 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use leasectl::sink::amqp::{self, Amqp};
-use leasectl::sink::nats::{self, Nats};
-use leasectl::sink::{DeliveryError, Event, Sink, SinkOptions, SinkSpec};
+use leasectl::relay::sink::amqp::{self, Amqp};
+use leasectl::relay::sink::nats::{self, Nats};
+use leasectl::relay::sink::{DeliveryError, Event, Sink, SinkOptions, SinkSpec};
 
 use crate::common::PATIENCE;
 

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasectl::sink::exec::{self, Exec, KILL_GRACE};
-use leasectl::sink::http::{self, Http};
-use leasectl::sink::{DeliveryError, Event, SinkOptions};
+use leasectl::relay::sink::exec::{self, Exec, KILL_GRACE};
+use leasectl::relay::sink::http::{self, Http};
+use leasectl::relay::sink::{DeliveryError, Event, SinkOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -1,4 +1,4 @@
-//! Every SQL statement on the outbox: claiming a batch for the relay, putting back what was not
+//! The `outbox` table: every SQL statement on it: claiming a batch for the relay, putting back what was not
 //! delivered, and the operator's list / retry / discard / backlog.
 //!
 //! # How a batch is claimed, and why per-aggregate order holds across relays
@@ -36,9 +36,25 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Row, Statement};
 
+use super::{ms, sql};
 use crate::db::Schema;
-use crate::lease::rfc3339;
-use crate::sink::Event;
+use crate::fmt::rfc3339;
+
+/// One outbox event, ready to publish: what every sink gets.
+#[derive(Debug, Clone)]
+pub struct Event {
+    /// Position in the outbox (creation order).
+    pub seq: i64,
+    /// The stable id consumers deduplicate on.
+    pub id: uuid::Uuid,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    /// The event type (AMQP routing key, NATS subject suffix).
+    pub event_type: String,
+    /// The published form, one JSON object on one line without a newline:
+    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`.
+    pub json: String,
+}
 
 /// How many of the oldest events the claim looks at, per event it may return.
 const WINDOW_FACTOR: i64 = 2;
@@ -55,8 +71,7 @@ WITH win AS MATERIALIZED (
        -- an anti join over the whole table).
        AND (o.aggregate_type, o.aggregate_id) NOT IN (
             SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE (b.dead_at IS NOT NULL OR b.next_attempt_at > b.created_at)
-               AND (b.dead_at IS NOT NULL OR b.next_attempt_at > now()))
+             WHERE {held} AND {held_now})
      ORDER BY o.seq
      LIMIT $2
 ), firsts AS (
@@ -77,9 +92,9 @@ WITH win AS MATERIALIZED (
 )
 DELETE FROM {s}.outbox o
  WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
-RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text, o.created_at,
-          o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
-          o.dead_at IS NOT NULL OR o.next_attempt_at > now()";
+RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text AS payload,
+          o.created_at, o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
+          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked";
 
 /// A claimed event: what the sink gets, plus the bookkeeping needed to put it back unchanged.
 #[derive(Debug, Clone)]
@@ -98,12 +113,12 @@ pub struct Claimed {
 
 impl Claimed {
     fn from_row(r: &Row) -> Claimed {
-        let id: uuid::Uuid = r.get(1);
-        let aggregate_type: String = r.get(2);
-        let aggregate_id: String = r.get(3);
-        let event_type: String = r.get(4);
-        let payload: String = r.get(5);
-        let created_at: SystemTime = r.get(6);
+        let id: uuid::Uuid = r.get("id");
+        let aggregate_type: String = r.get("aggregate_type");
+        let aggregate_id: String = r.get("aggregate_id");
+        let event_type: String = r.get("type");
+        let payload: String = r.get("payload");
+        let created_at: SystemTime = r.get("created_at");
         let json = published_json(
             &id,
             &aggregate_type,
@@ -114,7 +129,7 @@ impl Claimed {
         );
         Claimed {
             event: Event {
-                seq: r.get(0),
+                seq: r.get("seq"),
                 id,
                 aggregate_type,
                 aggregate_id,
@@ -123,11 +138,11 @@ impl Claimed {
             },
             payload,
             created_at,
-            attempts: r.get(7),
-            next_attempt_at: r.get(8),
-            last_error: r.get(9),
-            dead_at: r.get(10),
-            blocked: r.get(11),
+            attempts: r.get("attempts"),
+            next_attempt_at: r.get("next_attempt_at"),
+            last_error: r.get("last_error"),
+            dead_at: r.get("dead_at"),
+            blocked: r.get("blocked"),
         }
     }
 }
@@ -161,38 +176,40 @@ pub fn published_json(
     out
 }
 
+/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]).
+///
+/// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or autovacuum's)
+/// leaves statistics that say "no rows" until the next ANALYZE. Planned with those, the claim
+/// joined its steps with nested loops that rescanned the table or the window once per row: a
+/// burst after a quiet spell took seconds per batch instead of milliseconds. So the claim
+/// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
+/// the `outbox_held` probe), never through a join, and its transaction takes sequential and
+/// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
+/// the window with itself, whatever the statistics say. `SET LOCAL` keeps that to the batch's
+/// transaction; the relay's other statements are planned normally.
+const BEGIN_CLAIM: &str = "BEGIN;
+    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off";
+
 /// The relay's prepared statements on one connection.
 pub struct Statements {
     claim: Statement,
 }
 
 impl Statements {
-    /// Prepares the statements on a fresh connection of the relay's, after steering its planner.
-    ///
-    /// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or
-    /// autovacuum's) leaves statistics that say "no rows" until the next ANALYZE. Planned with
-    /// those, the claim joined its steps with nested loops that rescanned the table or the
-    /// window once per row: a burst after a quiet spell took seconds per batch instead of
-    /// milliseconds. So the claim reaches the table only through index conditions (`seq =
-    /// ANY (…)`, the window's ordered scan, the `outbox_held` probe), never through a join, and
-    /// the relay's session takes sequential and bitmap scans and nested loops off the table: what is left
-    /// are index scans and hash joins of the window with itself, whatever the statistics say.
+    /// Prepares the statements on a fresh connection of the relay's. (Preparing only parses;
+    /// the claim is planned when it runs, under [`BEGIN_CLAIM`]'s settings.)
     pub async fn prepare(client: &Client, schema: &Schema) -> Result<Statements> {
-        client
-            .batch_execute(
-                "SET enable_seqscan = off; SET enable_bitmapscan = off; SET enable_nestloop = off",
-            )
-            .await
-            .context("cannot configure the relay's session")?;
         let claim = client
-            .prepare_typed(&schema.sql(CLAIM), &[Type::INT8, Type::INT8, Type::INT8])
+            .prepare_typed(&sql(schema, CLAIM), &[Type::INT8, Type::INT8, Type::INT8])
             .await
             .context("cannot prepare the claim statement")?;
         Ok(Statements { claim })
     }
 }
 
-/// Claims up to `batch` events in the transaction that `client` has open, sorted by `seq`.
+/// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
+/// out together (one round trip). On error the transaction is rolled back. The caller ends it
+/// with [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     stmts: &Statements,
@@ -200,12 +217,53 @@ pub async fn claim(
     up_to_seq: i64,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let window = batch.saturating_mul(WINDOW_FACTOR);
-    let rows = client
-        .query(&stmts.claim, &[&batch, &window, &up_to_seq])
-        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&batch, &window, &up_to_seq];
+    let (begun, rows) = tokio::join!(
+        client.batch_execute(BEGIN_CLAIM),
+        client.query(&stmts.claim, &params)
+    );
+    begun?;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) => {
+            let _ = rollback(client).await;
+            return Err(e);
+        }
+    };
     let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
     claimed.sort_unstable_by_key(|c| c.event.seq);
     Ok(claimed)
+}
+
+/// Ends a batch's transaction without changing anything: every claimed event is back.
+pub async fn rollback(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("ROLLBACK").await
+}
+
+/// Ends a batch's transaction: puts back what was not delivered ([`restore`]) and commits, which
+/// makes the delivered events' deletion final. On error the transaction is rolled back.
+pub async fn settle(
+    client: &Client,
+    schema: &Schema,
+    claimed: &[Claimed],
+    settled: &[Settle],
+) -> Result<(), tokio_postgres::Error> {
+    let finish = async {
+        restore(client, schema, claimed, settled).await?;
+        client.batch_execute("COMMIT").await
+    };
+    let result = finish.await;
+    if result.is_err() {
+        let _ = rollback(client).await;
+    }
+    result
+}
+
+/// Vacuums the outbox so it and its indexes stay small after heavy draining.
+pub async fn vacuum(client: &Client, schema: &Schema) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute(&sql(schema, "VACUUM (SKIP_LOCKED) {s}.outbox"))
+        .await
 }
 
 /// What happened to one claimed event, decided by the relay.
@@ -226,7 +284,7 @@ pub enum Settle {
 
 /// Puts back every claimed event that was not delivered, inside the claim's transaction, with
 /// its original `seq`, `id` and `created_at`. Returns how many were put back.
-pub async fn restore(
+async fn restore(
     client: &Client,
     schema: &Schema,
     claimed: &[Claimed],
@@ -256,7 +314,7 @@ pub async fn restore(
             } => (
                 c.attempts.saturating_add(1),
                 Some(error.clone()),
-                Some(i64::try_from(retry_in.as_millis()).unwrap_or(i64::MAX)),
+                Some(ms(*retry_in)),
                 *dead,
             ),
         };
@@ -281,7 +339,8 @@ pub async fn restore(
     client
         .batch_execute("SET LOCAL leasectl.outbox_notified = 'on'")
         .await?;
-    let sql = schema.sql(
+    let sql = sql(
+        schema,
         "INSERT INTO {s}.outbox (seq, id, aggregate_type, aggregate_id, type, payload, created_at,
                                  attempts, next_attempt_at, last_error, dead_at)
          OVERRIDING SYSTEM VALUE
@@ -322,30 +381,33 @@ pub async fn restore(
 pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
     let row = client
         .query_one(
-            &schema.sql("SELECT coalesce(max(seq), 0) FROM {s}.outbox"),
+            &sql(
+                schema,
+                "SELECT coalesce(max(seq), 0) AS seq FROM {s}.outbox",
+            ),
             &[],
         )
         .await
         .context("cannot read the outbox")?;
-    Ok(row.get(0))
+    Ok(row.get("seq"))
 }
 
 /// When the earliest retry falls due, if any event is waiting out a backoff.
 pub async fn next_retry_in(client: &Client, schema: &Schema) -> Result<Option<Duration>> {
     let row = client
         .query_one(
-            &schema.sql(
-                "SELECT round(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8
+            &sql(
+                schema,
+                "SELECT round(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 AS ms
                    FROM {s}.outbox
-                  WHERE dead_at IS NULL AND next_attempt_at > created_at
-                    AND next_attempt_at > now()",
+                  WHERE {held} AND {held_now} AND dead_at IS NULL",
             ),
             &[],
         )
         .await
         .context("cannot read the outbox")?;
     Ok(row
-        .get::<_, Option<i64>>(0)
+        .get::<_, Option<i64>>("ms")
         .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
 }
 
@@ -364,11 +426,13 @@ pub struct Backlog {
 pub async fn backlog(client: &Client, schema: &Schema) -> Result<Backlog> {
     let row = client
         .query_one(
-            &schema.sql(
-                "SELECT count(*) FILTER (WHERE dead_at IS NULL),
-                        count(*) FILTER (WHERE dead_at IS NULL AND attempts > 0),
-                        count(*) FILTER (WHERE dead_at IS NOT NULL),
+            &sql(
+                schema,
+                "SELECT count(*) FILTER (WHERE dead_at IS NULL) AS pending,
+                        count(*) FILTER (WHERE dead_at IS NULL AND attempts > 0) AS retrying,
+                        count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead,
                         round(extract(epoch FROM now() - min(created_at) FILTER (WHERE dead_at IS NULL)) * 1000)::int8
+                          AS oldest_pending_ms
                    FROM {s}.outbox",
             ),
             &[],
@@ -376,10 +440,10 @@ pub async fn backlog(client: &Client, schema: &Schema) -> Result<Backlog> {
         .await
         .context("cannot read the outbox backlog")?;
     Ok(Backlog {
-        pending: row.get(0),
-        retrying: row.get(1),
-        dead: row.get(2),
-        oldest_pending_ms: row.get(3),
+        pending: row.get("pending"),
+        retrying: row.get("retrying"),
+        dead: row.get("dead"),
+        oldest_pending_ms: row.get("oldest_pending_ms"),
     })
 }
 
@@ -410,17 +474,18 @@ pub async fn list(
     dead_only: bool,
     limit: i64,
 ) -> Result<(Vec<Listed>, i64)> {
-    let sql = schema.sql(
+    let sql = sql(
+        schema,
         "SELECT o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload, o.created_at,
                 o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
                 EXISTS (SELECT 1 FROM {s}.outbox b
-                         WHERE (b.dead_at IS NOT NULL OR b.next_attempt_at > b.created_at)
+                         WHERE {held}
                            AND b.seq < o.seq
                            AND b.aggregate_type = o.aggregate_type
                            AND b.aggregate_id = o.aggregate_id
-                           AND (b.dead_at IS NOT NULL OR b.next_attempt_at > now())),
-                count(*) OVER (),
-                o.next_attempt_at > now()
+                           AND {held_now}) AS blocked,
+                count(*) OVER () AS total,
+                o.next_attempt_at > now() AS scheduled
            FROM {s}.outbox o
           WHERE NOT $1 OR o.dead_at IS NOT NULL
           ORDER BY o.seq
@@ -430,35 +495,35 @@ pub async fn list(
         .query_typed(&sql, &[(&dead_only, Type::BOOL), (&limit, Type::INT8)])
         .await
         .context("cannot read the outbox")?;
-    let total = rows.first().map_or(0, |r| r.get::<_, i64>(12));
+    let total = rows.first().map_or(0, |r| r.get::<_, i64>("total"));
     let listed = rows
         .iter()
         .map(|r| {
-            let attempts: i32 = r.get(7);
-            let dead_at: Option<SystemTime> = r.get(10);
-            let blocked: bool = r.get(11);
+            let attempts: i32 = r.get("attempts");
+            let dead_at: Option<SystemTime> = r.get("dead_at");
+            let blocked: bool = r.get("blocked");
             let state = if dead_at.is_some() {
                 "dead"
             } else if blocked {
                 "blocked"
             } else if attempts > 0 {
                 "retrying"
-            } else if r.get::<_, bool>(13) {
+            } else if r.get::<_, bool>("scheduled") {
                 "scheduled"
             } else {
                 "pending"
             };
             Listed {
-                seq: r.get(0),
-                id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                event_type: r.get(4),
-                payload: r.get(5),
-                created_at: r.get(6),
+                seq: r.get("seq"),
+                id: r.get("id"),
+                aggregate_type: r.get("aggregate_type"),
+                aggregate_id: r.get("aggregate_id"),
+                event_type: r.get("type"),
+                payload: r.get("payload"),
+                created_at: r.get("created_at"),
                 attempts,
-                next_attempt_at: r.get(8),
-                last_error: r.get(9),
+                next_attempt_at: r.get("next_attempt_at"),
+                last_error: r.get("last_error"),
                 dead_at,
                 state,
             }
@@ -481,18 +546,21 @@ pub async fn retry(client: &Client, schema: &Schema, which: RetryWhich) -> Resul
         RetryWhich::One(id) => ("id = $1", Some(id)),
         RetryWhich::AllDead => ("dead_at IS NOT NULL AND $1::uuid IS NULL", None),
     };
-    let sql = schema.sql(&format!(
-        "WITH requeued AS (
+    let sql = sql(
+        schema,
+        &format!(
+            "WITH requeued AS (
              UPDATE {{s}}.outbox SET attempts = 0, next_attempt_at = now(), dead_at = NULL
               WHERE {filter}
              RETURNING 1)
-         SELECT count(*), pg_notify($2, '') FROM requeued"
-    ));
+         SELECT count(*) AS n, pg_notify($2, '') FROM requeued"
+        ),
+    );
     let row = client
         .query_one(&sql, &[&id, &schema.outbox_channel()])
         .await
         .context("cannot re-queue the events")?;
-    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+    Ok(u64::try_from(row.get::<_, i64>("n")).unwrap_or(0))
 }
 
 /// A discarded event, in its published form, and whether it was dead.
@@ -510,27 +578,35 @@ pub async fn discard(
     id: uuid::Uuid,
     any_state: bool,
 ) -> Result<Result<Discarded, String>> {
-    let sql = schema.sql(
+    let delete = sql(
+        schema,
         "DELETE FROM {s}.outbox
           WHERE id = $1 AND ($2 OR dead_at IS NOT NULL)
-         RETURNING id, aggregate_type, aggregate_id, type, payload::text, created_at,
-                   dead_at IS NOT NULL, attempts",
+         RETURNING id, aggregate_type, aggregate_id, type, payload::text AS payload, created_at,
+                   dead_at IS NOT NULL AS dead, attempts",
     );
     let rows = client
-        .query(&sql, &[&id, &any_state])
+        .query(&delete, &[&id, &any_state])
         .await
         .context("cannot discard the event")?;
     if let Some(r) = rows.first() {
-        let json = published_json(&r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        let json = published_json(
+            &r.get("id"),
+            r.get("aggregate_type"),
+            r.get("aggregate_id"),
+            r.get("type"),
+            r.get("payload"),
+            r.get("created_at"),
+        );
         return Ok(Ok(Discarded {
             json,
-            dead: r.get(6),
-            attempts: r.get(7),
+            dead: r.get("dead"),
+            attempts: r.get("attempts"),
         }));
     }
     let exists = client
         .query_opt(
-            &schema.sql("SELECT 1 FROM {s}.outbox WHERE id = $1"),
+            &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
             &[&id],
         )
         .await
@@ -541,46 +617,6 @@ pub async fn discard(
         ),
         None => format!("no event {id} in the outbox (already delivered or discarded?)"),
     }))
-}
-
-/// Deletes runs that finished more than `older_than` ago, except each target's newest run (so
-/// `status` keeps showing it), in chunks so no lock is held for long. With `dry_run`, only
-/// counts. Returns the number of runs.
-pub async fn prune_runs(
-    client: &Client,
-    schema: &Schema,
-    older_than: Duration,
-    dry_run: bool,
-) -> Result<u64> {
-    let ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-    let candidates = "SELECT r.id FROM {s}.runs r
-                       WHERE r.finished_at < now() - $1::int8 * interval '1 millisecond'
-                         AND EXISTS (SELECT 1 FROM {s}.runs n
-                                      WHERE n.target = r.target AND n.finished_at > r.finished_at)";
-    if dry_run {
-        let row = client
-            .query_one(
-                &schema.sql(&format!("SELECT count(*) FROM ({candidates}) c")),
-                &[&ms],
-            )
-            .await
-            .context("cannot count old runs")?;
-        return Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
-    }
-    let delete = schema.sql(&format!(
-        "DELETE FROM {{s}}.runs WHERE id IN ({candidates} LIMIT 5000)"
-    ));
-    let mut total = 0;
-    loop {
-        let n = client
-            .execute(&delete, &[&ms])
-            .await
-            .context("cannot delete old runs")?;
-        total += n;
-        if n == 0 {
-            return Ok(total);
-        }
-    }
 }
 
 #[cfg(test)]

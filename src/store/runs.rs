@@ -1,228 +1,28 @@
-//! The heartbeat lease, as plain SQL judged by the database clock.
-//!
-//! One row per target (`leases`). Every transition is one statement whose WHERE names the
-//! holder's token, so a holder that was taken over or force-released touches 0 rows — and that
-//! *is* how it learns it lost (river's `river_leader.sql` works the same way). Expiry is always
-//! `heartbeat_at + ttl_ms < now()` on the server: the holder's own TTL, the database's clock.
-//!
-//! Statements use `query_typed`, which skips the separate prepare round trip; most of a short
-//! `leasectl run` is round trips.
+//! The `runs` table: the fenced save of a finished run (with its outbox event), the record of a
+//! run that lost its lease, the look-ups `--reuse-within` and `--wait` make, and what the
+//! operator commands `runs`, `output` and `prune` read or delete.
 
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
+use super::leases::Lease;
+use super::{ms, sql};
 use crate::db::Schema;
 use crate::exit::ChildStatus;
+use crate::fmt::rfc3339;
 
-/// A lease we hold.
-#[derive(Debug, Clone)]
-pub struct Lease {
-    pub target: String,
-    pub token: Uuid,
-    pub fence: i64,
-    /// The database's clock when it granted the lease; with the local monotonic clock it dates
-    /// the run on the database clock (see [`DbClock`]).
-    pub granted_at: SystemTime,
-}
-
-/// Dates events on the database's clock without asking it again: the time the database
-/// reported at a known local instant, plus monotonic time elapsed since.
-#[derive(Debug, Clone, Copy)]
-pub struct DbClock {
-    pub db_time: SystemTime,
-    pub local: tokio::time::Instant,
-}
-
-impl DbClock {
-    pub fn at(&self, instant: tokio::time::Instant) -> SystemTime {
-        self.db_time + instant.saturating_duration_since(self.local)
-    }
-}
-
-/// Who holds a busy target, as the database sees it now.
-#[derive(Debug, Clone)]
-pub struct Holder {
-    pub host: Option<String>,
-    pub pid: Option<i32>,
-    pub fence: i64,
-    pub ttl: Duration,
-    pub heartbeat_age: Duration,
-    /// Time left until the holder's TTL runs out (zero if already expired).
-    pub expires_in: Duration,
-}
-
-impl Holder {
-    pub fn describe(&self) -> String {
-        let who = match (&self.host, self.pid) {
-            (Some(h), Some(p)) => format!("{h} pid {p}"),
-            (Some(h), None) => h.clone(),
-            _ => "an unknown holder".into(),
-        };
-        format!(
-            "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
-            self.fence,
-            crate::fmt::duration(self.heartbeat_age),
-            crate::fmt::duration(self.ttl)
-        )
-    }
-}
-
-pub enum Acquired {
-    Held(Lease),
-    /// Someone else holds it. `None`: it was released between our attempt and our look at the
-    /// holder, so trying again at once is right.
-    Busy(Option<Holder>),
-}
-
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// Takes the lease if it is free or its holder's TTL has run out, in one statement.
-///
-/// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
-/// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
-pub async fn acquire(
-    client: &Client,
-    schema: &Schema,
-    target: &str,
-    ttl: Duration,
-    host: &str,
-    pid: i32,
-) -> Result<Acquired> {
-    let token = Uuid::new_v4();
-    let sql = schema.sql(
-        "INSERT INTO {s}.leases AS l
-                (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host, holder_pid)
-         VALUES ($1, $2, 1, $3, now(), now(), $4, $5)
-         ON CONFLICT (target) DO UPDATE
-            SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
-                heartbeat_at = now(), acquired_at = now(),
-                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
-          WHERE l.token IS NULL
-             OR l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now()
-         RETURNING fence, now()",
-    );
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
-        (&target, Type::TEXT),
-        (&token, Type::UUID),
-        (&ms(ttl), Type::INT8),
-        (&host, Type::TEXT),
-        (&pid, Type::INT4),
-    ];
-    let rows = client
-        .query_typed(&sql, &params)
-        .await
-        .context("cannot acquire the lease")?;
-    if let Some(row) = rows.first() {
-        return Ok(Acquired::Held(Lease {
-            target: target.to_owned(),
-            token,
-            fence: row.get(0),
-            granted_at: row.get(1),
-        }));
-    }
-    Ok(Acquired::Busy(holder(client, schema, target).await?))
-}
-
-/// The live holder of `target`, if any.
-pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
-    let sql = schema.sql(
-        "SELECT holder_host, holder_pid, fence, ttl_ms,
-                greatest(0, (extract(epoch FROM now() - heartbeat_at) * 1000))::int8 AS age_ms
-           FROM {s}.leases
-          WHERE target = $1 AND token IS NOT NULL",
-    );
-    let rows = client
-        .query_typed(&sql, &[(&target, Type::TEXT)])
-        .await
-        .context("cannot read the lease")?;
-    Ok(rows.first().map(holder_from_row))
-}
-
-/// A holder from a row of (holder_host, holder_pid, fence, ttl_ms, age_ms).
-fn holder_from_row(r: &tokio_postgres::Row) -> Holder {
-    let ttl_ms: i64 = r.get(3);
-    let age_ms: i64 = r.get(4);
-    Holder {
-        host: r.get(0),
-        pid: r.get(1),
-        fence: r.get(2),
-        ttl: crate::fmt::millis(ttl_ms),
-        heartbeat_age: crate::fmt::millis(age_ms),
-        expires_in: crate::fmt::millis(ttl_ms - age_ms),
-    }
-}
-
-/// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
-/// or force-released, and the holder must stop at once.
-pub async fn heartbeat(
-    client: &Client,
-    schema: &Schema,
-    lease: &Lease,
-) -> Result<bool, tokio_postgres::Error> {
-    let sql =
-        schema.sql("UPDATE {s}.leases SET heartbeat_at = now() WHERE target = $1 AND token = $2");
-    let n = client
-        .execute_typed(
-            &sql,
-            &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)],
-        )
-        .await?;
-    Ok(n == 1)
-}
-
-/// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
-pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
-    let sql = schema.sql(
-        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
-          WHERE target = $1 AND token = $2
-         RETURNING pg_notify($3, target)",
-    );
-    let channel = schema.lease_channel();
-    let rows = client
-        .query_typed(
-            &sql,
-            &[
-                (&lease.target, Type::TEXT),
-                (&lease.token, Type::UUID),
-                (&channel, Type::TEXT),
-            ],
-        )
-        .await
-        .context("cannot release the lease")?;
-    Ok(!rows.is_empty())
-}
-
-/// Operator override: frees `target` whoever holds it. Returns the holder it had, if any.
-/// The fence is kept, so the next acquisition is still numbered higher. One statement, so the
-/// holder reported is the one that was actually released.
-pub async fn force_release(
-    client: &Client,
-    schema: &Schema,
-    target: &str,
-) -> Result<Option<Holder>> {
-    let sql = schema.sql(
-        "WITH old AS (
-             SELECT target, holder_host, holder_pid, fence, ttl_ms,
-                    greatest(0, (extract(epoch FROM now() - heartbeat_at) * 1000))::int8 AS age_ms
-               FROM {s}.leases WHERE target = $1 AND token IS NOT NULL FOR UPDATE
-         )
-         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
-           FROM old WHERE l.target = old.target
-         RETURNING old.holder_host, old.holder_pid, old.fence, old.ttl_ms, old.age_ms, pg_notify($2, l.target)",
-    );
-    let channel = schema.lease_channel();
-    let rows = client
-        .query_typed(&sql, &[(&target, Type::TEXT), (&channel, Type::TEXT)])
-        .await
-        .context("cannot release the lease")?;
-    Ok(rows.first().map(holder_from_row))
-}
+/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$17`: written once for
+/// both inserts (the fenced save and the `lost` record).
+const INSERT_RUN: &str =
+    "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
+                           finished_at, exit_code, signal, stdout, stderr, stdout_truncated,
+                           stderr_truncated, error)";
+const RUN_VALUES: &str =
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17";
 
 /// How a run ended, as stored in `runs.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,7 +119,7 @@ pub async fn save_fenced(
     if retrying {
         let done = client
             .query_typed(
-                &schema.sql("SELECT 1 FROM {s}.runs WHERE id = $1"),
+                &sql(schema, "SELECT 1 FROM {s}.runs WHERE id = $1"),
                 &[(&run.id, Type::UUID)],
             )
             .await?;
@@ -327,27 +127,29 @@ pub async fn save_fenced(
             return Ok(Saved::Stored);
         }
     }
-    let sql = schema.sql(
-        "WITH owner AS (
+    // `owner` has a row only when `owner.target` = $2: the run's target is $2 either way.
+    let sql = sql(
+        schema,
+        &format!(
+            "WITH owner AS (
              SELECT target, set_config('leasectl.outbox_notified', 'on', true)
-               FROM {s}.leases WHERE target = $2 AND token = $4 FOR UPDATE
+               FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), run AS (
-             INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
-                                   finished_at, exit_code, signal, stdout, stderr,
-                                   stdout_truncated, stderr_truncated, error)
-             SELECT $1, owner.target, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17
-               FROM owner
+             {INSERT_RUN}
+             SELECT {RUN_VALUES} FROM owner
              RETURNING target
          ), event AS (
-             INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
+             INSERT INTO {{s}}.outbox (aggregate_type, aggregate_id, type, payload)
              SELECT 'leasectl.target', run.target, $18, $19 FROM run WHERE $18::text IS NOT NULL
              RETURNING pg_notify($21, '')
          ), released AS (
-             UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
              RETURNING pg_notify($20, l.target)
          )
-         SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM event), (SELECT count(*) FROM released)",
+         SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
+                (SELECT count(*) FROM released) AS released"
+        ),
     );
     let lease_channel = schema.lease_channel();
     let outbox_channel = schema.outbox_channel();
@@ -361,7 +163,7 @@ pub async fn save_fenced(
         (&outbox_channel, Type::TEXT),
     ]);
     let row = client.query_typed_one(&sql, &params).await?;
-    let stored: i64 = row.get(0);
+    let stored: i64 = row.get("runs");
     Ok(if stored == 1 {
         Saved::Stored
     } else {
@@ -387,7 +189,7 @@ impl RunFields {
         }
     }
 
-    /// $1…$17 of both run inserts, in the column order of `runs`.
+    /// $1…$17 of both run inserts, in the column order of [`INSERT_RUN`].
     fn params<'a>(
         &'a self,
         lease: &'a Lease,
@@ -444,11 +246,6 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
     })
 }
 
-/// RFC 3339 in UTC with microseconds, as the `rfc3339()` SQL function formats it.
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_micros(t).to_string()
-}
-
 /// Records a run that lost its lease (outcome `lost`), without any lease check and without an
 /// event: the operator keeps its output (a rotated token printed by a fenced-out refresh must
 /// not vanish), but nothing downstream hears of it and `--reuse-within` never returns it.
@@ -458,11 +255,9 @@ pub async fn record_lost(
     lease: &Lease,
     run: &RunRecord<'_>,
 ) -> Result<()> {
-    let sql = schema.sql(
-        "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at, finished_at,
-                               exit_code, signal, stdout, stderr, stdout_truncated, stderr_truncated, error)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
-         ON CONFLICT (id) DO NOTHING",
+    let sql = sql(
+        schema,
+        &format!("{INSERT_RUN} VALUES ({RUN_VALUES}) ON CONFLICT (id) DO NOTHING"),
     );
     let mut f = RunFields::new(run);
     f.outcome = Outcome::Lost.as_str();
@@ -491,7 +286,8 @@ pub async fn reusable(
     target: &str,
     within: Duration,
 ) -> Result<Option<Reusable>> {
-    let sql = schema.sql(
+    let sql = sql(
+        schema,
         "SELECT id, outcome, exit_code, signal, stdout FROM {s}.runs
           WHERE target = $1 AND outcome = 'completed' AND exit_code = 0 AND NOT stdout_truncated
             AND finished_at > now() - $2 * interval '1 millisecond'
@@ -511,7 +307,8 @@ pub async fn run_by_fence(
     target: &str,
     fence: i64,
 ) -> Result<Option<(Reusable, bool)>> {
-    let sql = schema.sql(
+    let sql = sql(
+        schema,
         "SELECT id, outcome, exit_code, signal, stdout, stdout_truncated FROM {s}.runs
           WHERE target = $1 AND fence = $2 ORDER BY finished_at DESC LIMIT 1",
     );
@@ -521,16 +318,163 @@ pub async fn run_by_fence(
         .context("cannot look up the awaited run")?;
     Ok(rows
         .first()
-        .map(|r| (reusable_from_row(r), r.get::<_, bool>(5))))
+        .map(|r| (reusable_from_row(r), r.get("stdout_truncated"))))
 }
 
-fn reusable_from_row(r: &tokio_postgres::Row) -> Reusable {
-    let outcome: &str = r.get(1);
+fn reusable_from_row(r: &Row) -> Reusable {
+    let outcome: &str = r.get("outcome");
     Reusable {
-        id: r.get(0),
+        id: r.get("id"),
         outcome: Outcome::parse(outcome).unwrap_or(Outcome::Completed),
-        exit_code: r.get(2),
-        signal: r.get(3),
-        stdout: r.get(4),
+        exit_code: r.get("exit_code"),
+        signal: r.get("signal"),
+        stdout: r.get("stdout"),
+    }
+}
+
+/// One row of `leasectl runs`.
+#[derive(Debug)]
+pub struct Listed {
+    pub id: Uuid,
+    pub fence: i64,
+    pub outcome: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub host: String,
+    pub pid: i32,
+    pub started_at: SystemTime,
+    pub finished_at: SystemTime,
+    pub duration_ms: i64,
+    /// How long ago it finished, by the database clock.
+    pub age_ms: i64,
+    pub stdout_bytes: i64,
+    pub stdout_truncated: bool,
+    pub stderr_bytes: i64,
+    pub stderr_truncated: bool,
+    pub argv: Vec<String>,
+    pub error: Option<String>,
+}
+
+/// The newest `limit` runs of `target`, newest first, without their output.
+pub async fn list(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    limit: i64,
+) -> Result<Vec<Listed>> {
+    let sql = sql(
+        schema,
+        "SELECT id, fence, outcome, exit_code, signal, host, pid, started_at, finished_at,
+                round(extract(epoch FROM finished_at - started_at) * 1000)::int8 AS duration_ms,
+                round(extract(epoch FROM now() - finished_at) * 1000)::int8 AS age_ms,
+                length(stdout)::int8 AS stdout_bytes, stdout_truncated,
+                length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error
+           FROM {s}.runs WHERE target = $1
+          ORDER BY finished_at DESC LIMIT $2",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&limit, Type::INT8)])
+        .await
+        .context("cannot list runs")?;
+    Ok(rows
+        .iter()
+        .map(|r| Listed {
+            id: r.get("id"),
+            fence: r.get("fence"),
+            outcome: r.get("outcome"),
+            exit_code: r.get("exit_code"),
+            signal: r.get("signal"),
+            host: r.get("host"),
+            pid: r.get("pid"),
+            started_at: r.get("started_at"),
+            finished_at: r.get("finished_at"),
+            duration_ms: r.get("duration_ms"),
+            age_ms: r.get("age_ms"),
+            stdout_bytes: r.get("stdout_bytes"),
+            stdout_truncated: r.get("stdout_truncated"),
+            stderr_bytes: r.get("stderr_bytes"),
+            stderr_truncated: r.get("stderr_truncated"),
+            argv: r.get("argv"),
+            error: r.get("error"),
+        })
+        .collect())
+}
+
+/// Which captured stream [`output`] returns.
+#[derive(Debug, Clone, Copy)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The captured bytes of run `run` of `target` or, without `run`, of its newest run that was not
+/// lost (a lost run's output is there for the operator who asks for it by id, not for scripts).
+pub async fn output(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    run: Option<Uuid>,
+    stream: Stream,
+) -> Result<Option<Vec<u8>>> {
+    let column = match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    };
+    let sql = sql(
+        schema,
+        &format!(
+            "SELECT {column} AS bytes FROM {{s}}.runs
+              WHERE target = $1 AND CASE WHEN $2::uuid IS NULL THEN outcome <> 'lost' ELSE id = $2 END
+              ORDER BY finished_at DESC LIMIT 1"
+        ),
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&run, Type::UUID)])
+        .await
+        .context("cannot read the run")?;
+    Ok(rows.first().map(|r| r.get("bytes")))
+}
+
+/// Deletes runs that finished more than `older_than` ago, except each target's newest run (so
+/// `status` keeps showing it), in chunks so no lock is held for long. With `dry_run`, only
+/// counts. Returns the number of runs.
+pub async fn prune(
+    client: &Client,
+    schema: &Schema,
+    older_than: Duration,
+    dry_run: bool,
+) -> Result<u64> {
+    let ms = ms(older_than);
+    let candidates = "SELECT r.id FROM {s}.runs r
+                       WHERE r.finished_at < now() - $1::int8 * interval '1 millisecond'
+                         AND EXISTS (SELECT 1 FROM {s}.runs n
+                                      WHERE n.target = r.target AND n.finished_at > r.finished_at)";
+    if dry_run {
+        let row = client
+            .query_one(
+                &sql(
+                    schema,
+                    &format!("SELECT count(*) AS n FROM ({candidates}) c"),
+                ),
+                &[&ms],
+            )
+            .await
+            .context("cannot count old runs")?;
+        return Ok(u64::try_from(row.get::<_, i64>("n")).unwrap_or(0));
+    }
+    let delete = sql(
+        schema,
+        &format!("DELETE FROM {{s}}.runs WHERE id IN ({candidates} LIMIT 5000)"),
+    );
+    let mut total = 0;
+    loop {
+        let n = client
+            .execute(&delete, &[&ms])
+            .await
+            .context("cannot delete old runs")?;
+        total += n;
+        if n == 0 {
+            return Ok(total);
+        }
     }
 }

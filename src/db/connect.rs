@@ -1,42 +1,29 @@
-//! Connecting to PostgreSQL and keeping the schema current.
+//! Where the connection settings come from, and opening a connection.
 //!
-//! Where the connection settings come from, in libpq's order: `--database-url` / `DATABASE_URL`
-//! (a URL or a `key=value` string), then `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
-//! `PGDATABASE`, `PGSSLMODE`, then the local socket as the current OS user — what `psql` with no
-//! arguments reaches. Fields missing from a URL are filled from the same environment.
-//!
-//! Every command calls [`Db::connect`], which applies pending migrations under an advisory lock
-//! (see [`migrate`]) before anything else touches the tables.
+//! libpq's order: `--database-url` / `DATABASE_URL` (a URL or a `key=value` string), then
+//! `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, then the local socket
+//! as the current OS user — what `psql` with no arguments reaches. Fields missing from a URL are
+//! filled from the same environment. TLS is set up by [`super::tls`]. Also here: how a
+//! tokio-postgres error reads in one line, and whether it means "unreachable" (exit 69).
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use futures_util::StreamExt;
+use anyhow::Result;
 use tokio::sync::mpsc;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Config, Notification, SimpleQueryMessage};
+use tokio_postgres::{Client, Config, Notification};
 
-use crate::exit::Failure;
-use crate::tls;
+use super::tls;
+use crate::error::Failure;
 
 /// How long a connection attempt may take before the database counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Server-side limit on every statement, so a stuck lock or server cannot hang leasectl; sent
 /// first on every connection.
-const SET_STATEMENT_TIMEOUT: &str = "SET statement_timeout = '30s'";
+pub(super) const SET_STATEMENT_TIMEOUT: &str = "SET statement_timeout = '30s'";
 /// Socket directories tried when nothing names a host: Debian's, then the upstream default.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
-
-/// The migrations embedded in the binary, in order. The version is the file's number.
-const MIGRATIONS: &[(i32, &str, &str)] = &[
-    (1, "init", include_str!("../migrations/0001_init.sql")),
-    (2, "relay", include_str!("../migrations/0002_relay.sql")),
-];
-
-/// The newest schema version this binary knows.
-pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
 
 /// Checked connection settings: a tokio-postgres config plus what we need for messages and TLS.
 #[derive(Clone)]
@@ -186,101 +173,19 @@ fn current_os_user() -> Option<String> {
         .map(|u| u.name)
 }
 
-/// The validated schema name and its quoted form for SQL.
-#[derive(Debug, Clone)]
-pub struct Schema {
-    name: String,
-    quoted: String,
-}
-
-impl Schema {
-    /// `name` must already have passed [`crate::config::parse_schema`]; quoting is still applied,
-    /// so even a name that slipped through could not break out of the identifier.
-    pub fn new(name: &str) -> Schema {
-        Schema {
-            name: name.to_owned(),
-            quoted: format!("\"{}\"", name.replace('"', "\"\"")),
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Replaces `{s}` in a SQL template with the quoted schema name.
-    pub fn sql(&self, template: &str) -> String {
-        template.replace("{s}", &self.quoted)
-    }
-
-    /// The NOTIFY channel on which releases are announced (payload: the target).
-    pub fn lease_channel(&self) -> String {
-        format!("{}.leases", self.name)
-    }
-
-    /// The NOTIFY channel that wakes relays when outbox events commit.
-    pub fn outbox_channel(&self) -> String {
-        format!("{}.outbox", self.name)
-    }
-}
-
-/// One open connection, its notification stream and the settings to open another.
-pub struct Db {
-    pub client: Client,
-    pub notifications: mpsc::UnboundedReceiver<Notification>,
-    pub schema: Schema,
-    settings: Arc<Settings>,
-}
-
-impl Db {
-    /// Connects and brings the schema up to date.
-    pub async fn connect(settings: Settings, schema: Schema) -> Result<Db> {
-        let settings = Arc::new(settings);
-        let (client, notifications) = open(&settings).await?;
-        let mut db = Db {
-            client,
-            notifications,
-            schema,
-            settings,
-        };
-        migrate(&mut db.client, &db.schema).await?;
-        Ok(db)
-    }
-
-    /// Opens a fresh connection with the same settings (the schema is already migrated).
-    pub async fn reconnect(&mut self) -> Result<()> {
-        let (client, notifications) = open(&self.settings).await?;
-        client.batch_execute(SET_STATEMENT_TIMEOUT).await?;
-        self.client = client;
-        self.notifications = notifications;
-        Ok(())
-    }
-}
-
-async fn open(settings: &Settings) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
+/// Opens one connection; its socket I/O runs as a task of its own (see [`super::notify`]).
+pub(super) async fn open(
+    settings: &Settings,
+) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
     let tls = tls::connector(settings.verify_tls)?;
-    let (client, mut connection) = settings.config.connect(tls).await.map_err(|e| {
+    let (client, connection) = settings.config.connect(tls).await.map_err(|e| {
         Failure::Unavailable(format!(
             "cannot connect to PostgreSQL at {}: {}",
             settings.describe(),
             reason(&e)
         ))
     })?;
-    // The connection object does the socket I/O; it runs as its own task and forwards
-    // NOTIFY messages (lease releases) to whoever listens.
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(msg) = messages.next().await {
-            match msg {
-                Ok(AsyncMessage::Notification(n)) => {
-                    let _ = tx.send(n);
-                }
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-    });
-    Ok((client, rx))
+    Ok((client, super::notify::drive(connection)))
 }
 
 /// The most useful one-line reason inside a tokio-postgres error.
@@ -322,93 +227,6 @@ pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
     text.starts_with("error connecting")
         || text.starts_with("timeout")
         || text.starts_with("error communicating")
-}
-
-/// Brings `schema` up to [`SCHEMA_VERSION`].
-///
-/// The common case — already current — costs one round trip, which also sets the statement
-/// timeout. Otherwise every pending migration runs in one transaction holding an advisory lock
-/// keyed on the schema, with its ledger row, so two processes starting on an empty database
-/// serialise here and both succeed (sqlx-postgres's `migrate.rs` does the same).
-pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
-    let probe = client
-        .simple_query(&schema.sql(&format!(
-            "{SET_STATEMENT_TIMEOUT}; SELECT max(version) FROM {{s}}.schema_migrations"
-        )))
-        .await;
-    match probe {
-        Ok(msgs) => {
-            let current = msgs.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(r) => r.get(0).and_then(|v| v.parse::<i32>().ok()),
-                _ => None,
-            });
-            match current {
-                Some(v) if v == SCHEMA_VERSION => return Ok(()),
-                Some(v) if v > SCHEMA_VERSION => return Err(too_new(schema, v)),
-                _ => {}
-            }
-        }
-        Err(e) if matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME) =>
-            {}
-        Err(e) => return Err(e).context("cannot read the schema version"),
-    }
-    apply_migrations(client, schema).await
-}
-
-async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
-    // The failed probe rolled back its SET; repeat it outside the transaction.
-    client.batch_execute(SET_STATEMENT_TIMEOUT).await?;
-    let tx = client.transaction().await?;
-    tx.execute(
-        "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))",
-        &[&schema.name()],
-    )
-    .await
-    .context("cannot take the migration lock")?;
-    tx.batch_execute(&schema.sql(
-        "CREATE SCHEMA IF NOT EXISTS {s};
-         CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
-             version    integer     PRIMARY KEY,
-             name       text        NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now()
-         );
-         SET LOCAL search_path = {s};",
-    ))
-    .await
-    .with_context(|| format!("cannot create schema \"{}\"", schema.name()))?;
-    let row = tx
-        .query_one(
-            "SELECT coalesce(max(version), 0) FROM schema_migrations",
-            &[],
-        )
-        .await?;
-    let current: i32 = row.get(0);
-    if current > SCHEMA_VERSION {
-        return Err(too_new(schema, current));
-    }
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
-        tx.batch_execute(sql).await.with_context(|| {
-            format!(
-                "migration {version:04}_{name} failed in schema \"{}\"",
-                schema.name()
-            )
-        })?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-            &[version, name],
-        )
-        .await?;
-    }
-    tx.commit().await.context("cannot commit the migrations")?;
-    Ok(())
-}
-
-fn too_new(schema: &Schema, found: i32) -> anyhow::Error {
-    Failure::SchemaTooNew(format!(
-        "schema \"{}\" is at version {found}, newer than this leasectl understands ({SCHEMA_VERSION}); upgrade leasectl",
-        schema.name()
-    ))
-    .into()
 }
 
 #[cfg(test)]
@@ -481,15 +299,5 @@ mod tests {
             .err()
             .unwrap();
         assert!(!format!("{err:#}").contains("s3cret"));
-    }
-
-    #[test]
-    fn schema_quoting() {
-        let s = Schema::new("My_s");
-        assert_eq!(
-            s.sql("SELECT 1 FROM {s}.leases"),
-            "SELECT 1 FROM \"My_s\".leases"
-        );
-        assert_eq!(s.lease_channel(), "My_s.leases");
     }
 }

@@ -38,7 +38,7 @@
 //! URL, which the operator should fix: it is a rejection whose message says where it pointed.
 //!
 //! TLS is rustls with the ring provider, verifying against the system's root certificates
-//! (`SSL_CERT_FILE` / `SSL_CERT_DIR` override them), like [`crate::tls`] does for PostgreSQL.
+//! (`SSL_CERT_FILE` / `SSL_CERT_DIR` override them), like [`crate::db::tls`] does for PostgreSQL.
 //! The configuration is handed to reqwest ready-made, so reqwest never needs a process-wide
 //! default crypto provider. HTTP proxies from the environment (`HTTPS_PROXY`, `NO_PROXY`, …)
 //! are honoured, as curl would.
@@ -216,7 +216,7 @@ fn take_credentials(url: &mut Url) -> Option<(String, Option<String>)> {
 /// is built without HTTP/2).
 fn tls_config(https: bool) -> anyhow::Result<rustls::ClientConfig> {
     let roots = if https {
-        let roots = crate::tls::system_roots();
+        let roots = crate::db::tls::system_roots();
         if roots.is_empty() {
             bail!(
                 "no trusted root certificates found for https:// (install the system's CA \

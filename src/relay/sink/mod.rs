@@ -23,21 +23,8 @@ pub mod stdout;
 
 use std::time::Duration;
 
-/// One outbox event, ready to publish.
-#[derive(Debug, Clone)]
-pub struct Event {
-    /// Position in the outbox (creation order).
-    pub seq: i64,
-    /// The stable id consumers deduplicate on.
-    pub id: uuid::Uuid,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    /// The event type (AMQP routing key, NATS subject suffix).
-    pub event_type: String,
-    /// The published form, one JSON object on one line without a newline:
-    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`.
-    pub json: String,
-}
+/// The event every sink publishes; it lives with the outbox's SQL, which builds it.
+pub use crate::store::outbox::Event;
 
 /// Why an event was not delivered; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]

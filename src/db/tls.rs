@@ -15,7 +15,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::exit::Failure;
+use crate::error::Failure;
 
 /// Parses a libpq `sslmode` value into tokio-postgres's mode and "verify the certificate".
 pub fn parse_sslmode(mode: &str) -> Result<(SslMode, bool)> {

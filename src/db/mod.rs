@@ -1,0 +1,95 @@
+//! PostgreSQL: connecting ([`connect`], with [`tls`]), keeping the schema current ([`migrate`])
+//! and the NOTIFY stream ([`notify`]).
+//!
+//! Every command calls [`Db::connect`], which applies pending migrations under an advisory lock
+//! before anything else touches the tables. The SQL on the tables themselves is in
+//! [`crate::store`].
+
+pub mod connect;
+pub mod migrate;
+pub mod notify;
+pub mod tls;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use tokio::sync::mpsc;
+use tokio_postgres::{Client, Notification};
+
+pub use connect::{is_unavailable, reason, Settings};
+pub use migrate::{migrate, SCHEMA_VERSION};
+
+/// The validated schema name and its quoted form for SQL.
+#[derive(Debug, Clone)]
+pub struct Schema {
+    name: String,
+    quoted: String,
+}
+
+impl Schema {
+    /// `name` must already have passed [`crate::config::parse_schema`]; quoting is still applied,
+    /// so even a name that slipped through could not break out of the identifier.
+    pub fn new(name: &str) -> Schema {
+        Schema {
+            name: name.to_owned(),
+            quoted: format!("\"{}\"", name.replace('"', "\"\"")),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Replaces `{s}` in a SQL template with the quoted schema name.
+    pub fn sql(&self, template: &str) -> String {
+        template.replace("{s}", &self.quoted)
+    }
+}
+
+/// One open connection, its notification stream and the settings to open another.
+pub struct Db {
+    pub client: Client,
+    pub notifications: mpsc::UnboundedReceiver<Notification>,
+    pub schema: Schema,
+    settings: Arc<Settings>,
+}
+
+impl Db {
+    /// Connects and brings the schema up to date.
+    pub async fn connect(settings: Settings, schema: Schema) -> Result<Db> {
+        let settings = Arc::new(settings);
+        let (client, notifications) = connect::open(&settings).await?;
+        let mut db = Db {
+            client,
+            notifications,
+            schema,
+            settings,
+        };
+        migrate(&mut db.client, &db.schema).await?;
+        Ok(db)
+    }
+
+    /// Opens a fresh connection with the same settings (the schema is already migrated).
+    pub async fn reconnect(&mut self) -> Result<()> {
+        let (client, notifications) = connect::open(&self.settings).await?;
+        client.batch_execute(connect::SET_STATEMENT_TIMEOUT).await?;
+        self.client = client;
+        self.notifications = notifications;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_quoting() {
+        let s = Schema::new("My_s");
+        assert_eq!(
+            s.sql("SELECT 1 FROM {s}.leases"),
+            "SELECT 1 FROM \"My_s\".leases"
+        );
+        assert_eq!(s.lease_channel(), "My_s.leases");
+    }
+}

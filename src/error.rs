@@ -1,0 +1,38 @@
+//! The typed failures that decide an exit code other than "internal error".
+//!
+//! A leaf module: the layers that raise these (config, db) need not know the exit codes, and
+//! [`crate::exit`], which maps errors to codes, may look into the database's errors without
+//! `db` and `exit` importing each other.
+
+use std::fmt;
+
+/// A typed error for the failures whose exit code is not "internal error".
+///
+/// Everything else travels as an `anyhow::Error` with context and ends in [`Exit::Internal`].
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad flag, duration, target or schema name (exit 2).
+    Usage(String),
+    /// The database could not be reached or refused the connection (exit 69).
+    Unavailable(String),
+    /// The database schema was written by a newer leasectl, or a migration applied to it differs
+    /// from this binary's (exit 78).
+    SchemaTooNew(String),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Usage(m) | Failure::Unavailable(m) | Failure::SchemaTooNew(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// Shorthand for a usage error as an `anyhow::Error`.
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    Failure::Usage(msg.into()).into()
+}

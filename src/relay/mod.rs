@@ -1,0 +1,316 @@
+//! `leasectl relay`: the loop that moves outbox events to a sink.
+//!
+//! One batch is one transaction: BEGIN and the claim ([`outbox::claim`], which deletes the rows
+//! it returns) go out together; then the events are published ([`publish`]: aggregates
+//! concurrently, each aggregate's events one after another, stopping at its first failure);
+//! then whatever was not confirmed is put back and the transaction commits
+//! ([`outbox::settle`]). Nothing is ever
+//! marked delivered before the sink confirmed it, and a relay that dies mid-batch loses
+//! nothing: its transaction rolls back and the events are published again (at-least-once).
+//!
+//! Failures ([`backoff`]):
+//! * the sink refused an event → it gets an attempt, a backoff (1s doubling to 5m, ±20%
+//!   jitter) and, after `--max-attempts`, is dead; its aggregate waits, others carry on;
+//! * the sink is unreachable → nothing is charged; the relay backs off (1s doubling to 30s)
+//!   and tries again (with `--once` it exits 69 instead);
+//! * the database connection is lost → reconnect with backoff; the batch in flight rolled back
+//!   and will be published again.
+//!
+//! Waking: LISTEN on `<schema>.outbox` (the insert trigger and `leasectl run`'s save NOTIFY
+//! it), else `--poll`, else the earliest retry falling due. SIGINT/SIGTERM cancel a
+//! [`CancellationToken`] ([`crate::signals::cancel_on_stop`]): the batch in hand is finished and
+//! the relay exits 0; a second signal drops the batch at once — its transaction rolls back, so
+//! it is published again later — and exits 128+N. [`progress`] is the terminal line and `-v`
+//! reports; [`sink`] holds one module per sink.
+
+pub mod backoff;
+pub mod progress;
+pub mod publish;
+pub mod sink;
+
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::db::{self, Db};
+use crate::exit::{Exit, Failure};
+use crate::fmt;
+use crate::store::outbox::{self, Settle, Statements};
+use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
+use progress::Progress;
+use publish::Publisher;
+use sink::{Sink, SinkOptions, SinkSpec};
+
+/// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
+/// minute, and a fast relay can churn through millions of rows in that time).
+const VACUUM_EVERY: u64 = 20_000;
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub sink: SinkSpec,
+    pub batch: i64,
+    pub once: bool,
+    pub poll: Duration,
+    pub max_attempts: i32,
+    pub timeout: Duration,
+    pub parallel: Option<usize>,
+}
+
+/// Runs the relay until `--once` has drained what was due, or a signal arrives.
+pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
+    let stop = CancellationToken::new();
+    let mut second = crate::signals::cancel_on_stop(stop.clone(), |first| {
+        info!("signal {first}: finishing the batch in hand, then exiting");
+    })?;
+    let sink = Sink::open(
+        &cfg.sink,
+        SinkOptions {
+            timeout: cfg.timeout,
+        },
+    )?;
+    let mut relay = Relay {
+        stmts: Statements::prepare(&db.client, &db.schema).await?,
+        parallel: cfg.parallel.unwrap_or_else(|| sink.parallelism()).max(1),
+        sink,
+        up_to_seq: i64::MAX,
+        listening: false,
+        progress: Progress::new(&cfg.sink.describe()),
+        since_vacuum: 0,
+        vacuum: true,
+        cfg,
+    };
+    if relay.cfg.once {
+        relay.up_to_seq = outbox::max_seq(&db.client, &db.schema).await?;
+    } else {
+        relay.listen(&db).await?;
+    }
+    info!(
+        "relaying schema \"{}\" to {} (batch {}, {} aggregates at a time{})",
+        db.schema.name(),
+        relay.cfg.sink.describe(),
+        relay.cfg.batch,
+        relay.parallel,
+        if relay.cfg.once { ", once" } else { "" }
+    );
+    let result = tokio::select! {
+        r = relay.main_loop(&mut db, &stop) => r,
+        Ok(sig) = &mut second => {
+            // Dropping the loop drops the batch in hand; its transaction never commits.
+            eprintln!(
+                "leasectl: second signal ({sig}): exiting now; the batch in hand will be published again"
+            );
+            return Ok(Exit::from_signal(sig));
+        }
+    };
+    relay.progress.finish();
+    result
+}
+
+struct Relay {
+    cfg: RelayConfig,
+    sink: Sink,
+    stmts: Statements,
+    parallel: usize,
+    /// `--once` publishes only events that existed when it started.
+    up_to_seq: i64,
+    listening: bool,
+    progress: Progress,
+    since_vacuum: u64,
+    vacuum: bool,
+}
+
+/// What one batch did.
+#[derive(Debug, Default)]
+struct BatchReport {
+    claimed: usize,
+    delivered: usize,
+    /// Set when the sink could not be reached: the message.
+    sink_down: Option<String>,
+}
+
+impl Relay {
+    async fn main_loop(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<Exit> {
+        let mut sink_outage = Outage::new(self.cfg.sink.describe());
+        let mut db_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
+        loop {
+            if stop.is_cancelled() {
+                return Ok(Exit::Code(0));
+            }
+            // Notifications that arrived while we were busy are answered by this very claim.
+            while db.notifications.try_recv().is_ok() {}
+            let report = match self.batch(db).await {
+                Ok(r) => r,
+                Err(e) => {
+                    let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() else {
+                        return Err(e);
+                    };
+                    if !db::is_unavailable(pg) || self.cfg.once {
+                        return Err(e);
+                    }
+                    // Also a statement timeout: a fresh session is the cure for a stuck one.
+                    warn!(
+                        "database connection failed ({}); reconnecting",
+                        db::reason(pg)
+                    );
+                    self.reconnect(db, stop, &mut db_outage).await?;
+                    continue;
+                }
+            };
+            db_outage.reset();
+            self.progress.batch(report.delivered);
+            self.maybe_vacuum(db, report.delivered).await;
+
+            if let Some(msg) = report.sink_down {
+                if self.cfg.once || matches!(self.sink, Sink::Stdout(_)) {
+                    return Err(Failure::Unavailable(format!(
+                        "{}: {msg}; undelivered events stay in the outbox",
+                        self.cfg.sink.describe()
+                    ))
+                    .into());
+                }
+                let delay = sink_outage.down(&msg);
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return Ok(Exit::Code(0)),
+                }
+                continue;
+            }
+            sink_outage.up();
+            if report.claimed > 0 {
+                continue;
+            }
+            if self.cfg.once {
+                return Ok(Exit::Code(0));
+            }
+            self.idle(db, stop).await?;
+        }
+    }
+
+    /// Claims, publishes and settles one batch in one transaction.
+    async fn batch(&mut self, db: &Db) -> Result<BatchReport> {
+        let client = &db.client;
+        let claimed = outbox::claim(client, &self.stmts, self.cfg.batch, self.up_to_seq).await?;
+        if claimed.is_empty() {
+            outbox::rollback(client).await?;
+            return Ok(BatchReport::default());
+        }
+        let publisher = Publisher {
+            sink: &self.sink,
+            parallel: self.parallel,
+            max_attempts: self.cfg.max_attempts,
+        };
+        let (settled, sink_down) = publisher.publish(&claimed).await;
+        let delivered = settled
+            .iter()
+            .filter(|s| matches!(s, Settle::Delivered))
+            .count();
+        if let Err(e) = outbox::settle(client, &db.schema, &claimed, &settled).await {
+            if delivered > 0 {
+                warn!(
+                    "could not record {delivered} delivered events ({}); they will be published again",
+                    db::reason(&e)
+                );
+            }
+            return Err(e.into());
+        }
+        publisher.report_failures(&claimed, &settled);
+        Ok(BatchReport {
+            claimed: claimed.len(),
+            delivered,
+            sink_down,
+        })
+    }
+
+    /// Waits for a NOTIFY, the poll interval, the earliest retry falling due, or a signal.
+    async fn idle(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<()> {
+        let mut wait = self.cfg.poll;
+        match outbox::next_retry_in(&db.client, &db.schema).await {
+            Ok(Some(due)) => wait = wait.min(due.max(Duration::from_millis(10))),
+            Ok(None) => {}
+            // The next claim reports (and recovers from) a lost connection.
+            Err(_) => return Ok(()),
+        }
+        self.progress.idle(&db.client, &db.schema).await;
+        tokio::select! {
+            n = db.notifications.recv() => {
+                if n.is_none() {
+                    // The connection is gone: let the next claim notice and reconnect, but not
+                    // in a tight loop.
+                    tokio::time::sleep(OUTAGE_BASE.min(self.cfg.poll)).await;
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.cancelled() => {}
+        }
+        Ok(())
+    }
+
+    async fn listen(&mut self, db: &Db) -> Result<()> {
+        match db::notify::listen(&db.client, &db.schema.outbox_channel()).await {
+            Ok(()) => self.listening = true,
+            Err(e) if db::is_unavailable(&e) => return Err(e.into()),
+            // Behind a transaction pooler LISTEN may not work; polling still does.
+            Err(e) => warn!(
+                "LISTEN failed ({}); new events are found by polling every {}",
+                db::reason(&e),
+                fmt::duration(self.cfg.poll)
+            ),
+        }
+        Ok(())
+    }
+
+    async fn reconnect(
+        &mut self,
+        db: &mut Db,
+        stop: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Result<()> {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()) => {}
+                _ = stop.cancelled() => return Ok(()),
+            }
+            let attempt = async {
+                db.reconnect().await?;
+                self.stmts = Statements::prepare(&db.client, &db.schema).await?;
+                self.listen(db).await
+            };
+            match attempt.await {
+                Ok(()) => {
+                    warn!("reconnected to the database");
+                    return Ok(());
+                }
+                Err(e) if Exit::from_error(&e) == Exit::Unavailable => {
+                    info!("still cannot reach the database: {e:#}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Vacuums the outbox after heavy draining so it and its indexes stay small. Best effort:
+    /// a role that may not vacuum the table leaves it to autovacuum.
+    async fn maybe_vacuum(&mut self, db: &Db, delivered: usize) {
+        self.since_vacuum += delivered as u64;
+        if !self.vacuum || self.since_vacuum < VACUUM_EVERY {
+            return;
+        }
+        self.since_vacuum = 0;
+        let started = Instant::now();
+        match outbox::vacuum(&db.client, &db.schema).await {
+            Ok(()) => info!(
+                "vacuumed the outbox in {}",
+                fmt::duration(started.elapsed())
+            ),
+            Err(e) => {
+                info!(
+                    "cannot vacuum the outbox ({}); leaving it to autovacuum",
+                    db::reason(&e)
+                );
+                self.vacuum = false;
+            }
+        }
+    }
+}

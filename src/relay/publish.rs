@@ -1,0 +1,163 @@
+//! Publishing one claimed batch: the one scheduler, and the rule it encodes once — an
+//! aggregate's events go out one after another in `seq` order, and the first one that is not
+//! delivered stops its aggregate for the rest of the batch (what follows it stays in the outbox,
+//! so order is never broken).
+//!
+//! The batch is cut into *lanes*, each a list of events in `seq` order; up to `parallel` lanes
+//! run at once. With `parallel` = 1 there is one lane holding the whole batch, so events leave
+//! in creation order across aggregates too (what the stdout sink promises); otherwise each
+//! aggregate is a lane of its own and different aggregates proceed concurrently.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+
+use futures_util::StreamExt;
+
+use super::backoff::retry_delay;
+use super::sink::{DeliveryError, Sink};
+use crate::fmt;
+use crate::store::outbox::{Claimed, Settle};
+
+/// The sink and the rules one batch is published with.
+pub struct Publisher<'a> {
+    pub sink: &'a Sink,
+    /// How many lanes run at once (at least 1).
+    pub parallel: usize,
+    /// Attempts after which a refused event is dead (`--max-attempts`).
+    pub max_attempts: i32,
+}
+
+impl Publisher<'_> {
+    /// Publishes a claimed batch. Returns each event's fate and, if the sink was unreachable,
+    /// why (everything not yet confirmed is then left untouched).
+    pub async fn publish(&self, claimed: &[Claimed]) -> (Vec<Settle>, Option<String>) {
+        let down: RefCell<Option<String>> = RefCell::new(None);
+        let mut settled = vec![Settle::Untouched; claimed.len()];
+        let lanes = if self.parallel == 1 {
+            vec![(0..claimed.len()).collect()]
+        } else {
+            chains(claimed)
+        };
+        let results: Vec<Vec<(usize, Settle)>> = futures_util::stream::iter(lanes)
+            .map(|lane| self.run_lane(lane, claimed, &down))
+            .buffer_unordered(self.parallel.max(1))
+            .collect()
+            .await;
+        for (i, s) in results.into_iter().flatten() {
+            settled[i] = s;
+        }
+        if let Err(e) = self.sink.flush().await {
+            // Nothing is confirmed until the batch's flush is.
+            for s in settled.iter_mut() {
+                if matches!(s, Settle::Delivered) {
+                    *s = Settle::Untouched;
+                }
+            }
+            down.borrow_mut().get_or_insert(e.to_string());
+        }
+        (settled, down.into_inner())
+    }
+
+    /// Delivers a lane's events one at a time, skipping every later event of an aggregate after
+    /// its first one that was not delivered, and stopping altogether once the sink is down.
+    async fn run_lane(
+        &self,
+        lane: Vec<usize>,
+        claimed: &[Claimed],
+        down: &RefCell<Option<String>>,
+    ) -> Vec<(usize, Settle)> {
+        let mut stopped: HashSet<(&str, &str)> = HashSet::new();
+        let mut out = Vec::with_capacity(lane.len());
+        for i in lane {
+            if down.borrow().is_some() {
+                break;
+            }
+            let c = &claimed[i];
+            let key = (
+                c.event.aggregate_type.as_str(),
+                c.event.aggregate_id.as_str(),
+            );
+            if stopped.contains(&key) {
+                continue;
+            }
+            let s = self.deliver_one(c, down).await;
+            if !matches!(s, Settle::Delivered) {
+                stopped.insert(key);
+            }
+            out.push((i, s));
+        }
+        out
+    }
+
+    async fn deliver_one(&self, c: &Claimed, down: &RefCell<Option<String>>) -> Settle {
+        if c.blocked {
+            return Settle::Untouched;
+        }
+        match self.sink.deliver(&c.event).await {
+            Ok(()) => Settle::Delivered,
+            Err(DeliveryError::Unavailable(msg)) => {
+                down.borrow_mut().get_or_insert(msg);
+                Settle::Untouched
+            }
+            Err(DeliveryError::Rejected(error)) => {
+                let attempt = c.attempts.saturating_add(1);
+                Settle::Failed {
+                    error,
+                    retry_in: retry_delay(attempt, fastrand::f64()),
+                    dead: attempt >= self.max_attempts,
+                }
+            }
+        }
+    }
+
+    /// Warns about each refused event: when it is retried, or that it is dead and what to do.
+    pub fn report_failures(&self, claimed: &[Claimed], settled: &[Settle]) {
+        for (c, s) in claimed.iter().zip(settled) {
+            let Settle::Failed {
+                error,
+                retry_in,
+                dead,
+            } = s
+            else {
+                continue;
+            };
+            let e = &c.event;
+            let what = format!(
+                "event {} ({} {}, {})",
+                e.id, e.aggregate_type, e.aggregate_id, e.event_type
+            );
+            let attempt = c.attempts.saturating_add(1);
+            if *dead {
+                warn!(
+                    "{what} is dead after {attempt} attempts: {error}; later events of its aggregate wait until `leasectl outbox retry {}` or `outbox discard {}`",
+                    e.id, e.id
+                );
+            } else {
+                warn!(
+                    "{what} failed (attempt {attempt} of {}): {error}; retrying in {}",
+                    self.max_attempts,
+                    fmt::duration(*retry_in)
+                );
+            }
+        }
+    }
+}
+
+/// The claimed events grouped by aggregate, each group in `seq` order, groups in the order of
+/// their first event.
+fn chains(claimed: &[Claimed]) -> Vec<Vec<usize>> {
+    let mut index: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut chains: Vec<Vec<usize>> = Vec::new();
+    for (i, c) in claimed.iter().enumerate() {
+        let key = (
+            c.event.aggregate_type.as_str(),
+            c.event.aggregate_id.as_str(),
+        );
+        let n = *index.entry(key).or_insert_with(|| {
+            chains.push(Vec::new());
+            chains.len() - 1
+        });
+        chains[n].push(i);
+    }
+    chains
+}

@@ -1,0 +1,52 @@
+//! Every SQL statement leasectl sends to its tables, one module per table.
+//!
+//! * [`leases`]: acquire / heartbeat / release / force-release, the holder of a busy target,
+//!   and the per-target overview `status` shows;
+//! * [`runs`]: the fenced save that stores a run and its outbox event, the `lost` record,
+//!   reuse look-ups, the listing and output of `runs` / `output`, and pruning;
+//! * [`outbox`]: the relay's claim and restore, and the operator's list / retry / discard /
+//!   backlog.
+//!
+//! Rows are read by column name into small structs; callers never see a `Row`. The few
+//! predicates that more than one statement needs are defined once here ([`sql`] splices them
+//! into statement templates), so a change to what "expired" or "held" means cannot miss a copy.
+
+pub mod leases;
+pub mod outbox;
+pub mod runs;
+
+use crate::db::Schema;
+
+/// A lease whose holder's own TTL ran out on the database clock (alias `l` for `leases`).
+const EXPIRED: &str = "(l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now())";
+
+/// Milliseconds since the holder's last heartbeat, never negative (alias `l` for `leases`).
+const HEARTBEAT_AGE_MS: &str =
+    "greatest(0, round(extract(epoch FROM now() - l.heartbeat_at) * 1000))::int8";
+
+/// An outbox event that holds up its aggregate — dead, or not to be tried before
+/// `next_attempt_at` — as far as an index can tell: it is **exactly** the predicate of the
+/// partial index `outbox_held` (migrations/0002_relay.sql), which the planner uses only for a
+/// query whose WHERE implies it. Unqualified, so it applies to the innermost `outbox` in scope.
+/// Whether such an event is still waiting is [`HELD_NOW`].
+const HELD: &str = "(dead_at IS NOT NULL OR next_attempt_at > created_at)";
+
+/// Of the [`HELD`] events, those still holding their aggregate up now.
+const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
+
+/// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
+/// `{held}`, `{held_now}`, then `{s}` as the quoted schema.
+fn sql(schema: &Schema, template: &str) -> String {
+    schema.sql(
+        &template
+            .replace("{expired}", EXPIRED)
+            .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
+            .replace("{held}", HELD)
+            .replace("{held_now}", HELD_NOW),
+    )
+}
+
+/// Milliseconds for a `bigint` parameter, saturating.
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
