@@ -8,9 +8,12 @@ use crate::exit::Exit;
 
 pub async fn run(db: &DbArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    println!(
-        "schema \"{}\" is at version {SCHEMA_VERSION}",
-        db.schema.name()
-    );
+    super::print(
+        format!(
+            "schema \"{}\" is at version {SCHEMA_VERSION}\n",
+            db.schema.name()
+        )
+        .as_bytes(),
+    )?;
     Ok(Exit::Code(0))
 }

@@ -119,18 +119,15 @@ async fn retry(db: &DbArgs, args: OutboxRetryArgs) -> Result<Exit> {
     let n = outbox::retry(&db.client, &db.schema, which).await?;
     match (which, n) {
         (RetryWhich::One(id), 0) => {
-            eprintln!("leasectl: no event {id} in the outbox (already delivered or discarded?)");
+            crate::say!("no event {id} in the outbox (already delivered or discarded?)");
             Ok(Exit::Code(1))
         }
         (RetryWhich::One(id), _) => {
-            eprintln!("leasectl: event {id} is due now");
+            crate::say!("event {id} is due now");
             Ok(Exit::Code(0))
         }
         (RetryWhich::AllDead, n) => {
-            eprintln!(
-                "leasectl: re-queued {n} dead event{}",
-                if n == 1 { "" } else { "s" }
-            );
+            crate::say!("re-queued {n} dead event{}", if n == 1 { "" } else { "s" });
             Ok(Exit::Code(0))
         }
     }
@@ -142,14 +139,15 @@ async fn discard(db: &DbArgs, args: OutboxDiscardArgs) -> Result<Exit> {
         Ok(d) => {
             super::print(format!("{}\n", d.json).as_bytes())?;
             let state = if d.dead { "dead" } else { "not dead" };
-            eprintln!(
-                "leasectl: discarded event {} ({state}, {} attempts); it will never be published",
-                args.id, d.attempts
+            crate::say!(
+                "discarded event {} ({state}, {} attempts); it will never be published",
+                args.id,
+                d.attempts
             );
             Ok(Exit::Code(0))
         }
         Err(why) => {
-            eprintln!("leasectl: {why}");
+            crate::say!("{why}");
             Ok(Exit::Code(1))
         }
     }

@@ -16,8 +16,8 @@ pub async fn run(db: &DbArgs, args: OutputArgs) -> Result<Exit> {
     let bytes = runs::output(&db.client, &db.schema, &args.target, args.run, stream).await?;
     let Some(bytes) = bytes else {
         match args.run {
-            Some(id) => eprintln!("leasectl: no run {id} of '{}'", args.target),
-            None => eprintln!("leasectl: no stored run of '{}'", args.target),
+            Some(id) => crate::say!("no run {id} of '{}'", args.target),
+            None => crate::say!("no stored run of '{}'", args.target),
         }
         return Ok(Exit::Code(1));
     };

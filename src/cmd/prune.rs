@@ -15,8 +15,8 @@ pub async fn run(db: &DbArgs, args: PruneArgs) -> Result<Exit> {
     } else {
         "deleted"
     };
-    eprintln!(
-        "leasectl: {verb} {n} run{} older than {} (each target keeps its newest run)",
+    crate::say!(
+        "{verb} {n} run{} older than {} (each target keeps its newest run)",
         if n == 1 { "" } else { "s" },
         fmt::duration(args.older_than)
     );

@@ -12,8 +12,10 @@ use crate::store::leases;
 pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
     match leases::force_release(&db.client, &db.schema, &args.target).await? {
-        Some(h) => println!("released '{}' ({})", args.target, h.describe()),
-        None => println!("'{}' was not held", args.target),
+        Some(h) => {
+            super::print(format!("released '{}' ({})\n", args.target, h.describe()).as_bytes())?
+        }
+        None => super::print(format!("'{}' was not held\n", args.target).as_bytes())?,
     }
     Ok(Exit::Code(0))
 }

@@ -41,7 +41,7 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
     }
 
     if rows.is_empty() {
-        eprintln!("leasectl: no runs recorded for '{}'", args.target);
+        crate::say!("no runs recorded for '{}'", args.target);
         return Ok(Exit::Code(0));
     }
     let table: Vec<Vec<String>> = rows

@@ -235,7 +235,10 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
             continue;
         };
         // "pid (comm) state ppid pgrp …": comm may contain anything, so split after its ')'.
-        let mut fields = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace();
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace();
         let state = fields.next().unwrap_or("Z");
         let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
         if pgrp == Some(pgid.as_raw()) && state != "Z" && state != "X" {

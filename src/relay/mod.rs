@@ -98,8 +98,8 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         r = relay.main_loop(&mut db, &stop) => r,
         Ok(sig) = &mut second => {
             // Dropping the loop drops the batch in hand; its transaction never commits.
-            eprintln!(
-                "leasectl: second signal ({sig}): exiting now; the batch in hand will be published again"
+            crate::say!(
+                "second signal ({sig}): exiting now; the batch in hand will be published again"
             );
             return Ok(Exit::from_signal(sig));
         }

@@ -33,10 +33,10 @@ use crate::cli::{DbArgs, RunArgs};
 use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
-use crate::store::leases::{self, DbClock, Lease};
-use crate::store::runs::{self, Outcome, RunRecord, Saved};
 use crate::process::Capture;
 use crate::signals::Signals;
+use crate::store::leases::{self, DbClock, Lease};
+use crate::store::runs::{self, Outcome, RunRecord, Saved};
 use child::{Child, Spec};
 use heartbeat::Heartbeat;
 use wait::{obtain, Obtained};
@@ -128,13 +128,20 @@ async fn prepare(
     let checks = async {
         if listening {
             // Stop queueing other targets' releases for the rest of a long run.
-            bounded(until, async { Ok(db.client.batch_execute("UNLISTEN *").await?) }).await?;
+            bounded(until, async {
+                Ok(db.client.batch_execute("UNLISTEN *").await?)
+            })
+            .await?;
             while db.notifications.try_recv().is_ok() {}
         }
         match cfg.reuse_within {
             // A run may have finished between our reuse check and the acquisition.
             Some(within) => {
-                bounded(until, runs::reusable(&db.client, &db.schema, &cfg.target, within)).await
+                bounded(
+                    until,
+                    runs::reusable(&db.client, &db.schema, &cfg.target, within),
+                )
+                .await
             }
             None => Ok(None),
         }
@@ -174,7 +181,10 @@ async fn prepare(
 async fn release_within(db: &Db, lease: &Lease, until: Instant) {
     let until = until.max(Instant::now() + Duration::from_millis(500));
     if let Err(e) = bounded(until, leases::release(&db.client, &db.schema, lease)).await {
-        info!("could not release '{}' ({e:#}); it expires with its TTL", lease.target);
+        info!(
+            "could not release '{}' ({e:#}); it expires with its TTL",
+            lease.target
+        );
     }
 }
 
@@ -504,9 +514,17 @@ async fn record_lost(
     // The connection may be stuck behind the heartbeat that went unanswered: half the time
     // for it, the other half for a fresh one.
     let first = Instant::now() + limit / 2;
-    let mut stored = bounded(first, runs::record_lost(&db.client, &db.schema, lease, record)).await;
+    let mut stored = bounded(
+        first,
+        runs::record_lost(&db.client, &db.schema, lease, record),
+    )
+    .await;
     if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
-        stored = bounded(until, runs::record_lost(&db.client, &db.schema, lease, record)).await;
+        stored = bounded(
+            until,
+            runs::record_lost(&db.client, &db.schema, lease, record),
+        )
+        .await;
     }
     match stored {
         Ok(()) => say!(
@@ -527,4 +545,3 @@ async fn record_lost(
 async fn timeout_at_ok<T>(until: Instant, what: impl Future<Output = T>) -> Option<T> {
     tokio::time::timeout_at(until, what).await.ok()
 }
-

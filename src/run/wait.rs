@@ -15,9 +15,9 @@ use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
 use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
+use crate::signals::Signals;
 use crate::store::leases::{self, Acquired, Lease};
 use crate::store::runs::{self, Outcome};
-use crate::signals::Signals;
 
 /// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
 const WAIT_POLL: Duration = Duration::from_secs(1);
@@ -61,7 +61,12 @@ async fn interruptible<T>(
 /// A waiter survives the database going away (a restart, a failover): it reports the outage
 /// once, reconnects with backoff and carries on waiting, within its `--wait` limit. A signal
 /// or the limit ends the wait at any point, even in the middle of a statement.
-pub(super) async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut Signals) -> Result<Obtained> {
+pub(super) async fn obtain(
+    db: &mut Db,
+    cfg: &RunConfig,
+    me: &Me,
+    signals: &mut Signals,
+) -> Result<Obtained> {
     let mut w = Waiter {
         listening: false,
         awaited: None,
@@ -73,10 +78,7 @@ pub(super) async fn obtain(db: &mut Db, cfg: &RunConfig, me: &Me, signals: &mut 
         _ => None,
     };
     let result = loop {
-        let attempt = bounded(
-            Instant::now() + STATEMENT_DEADLINE,
-            w.attempt(db, cfg, me),
-        );
+        let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
         let attempt = match interruptible(attempt, signals, give_up_at).await {
             Ok(a) => a,
             Err(why) => break Ok(w.interrupted(why, cfg)),
