@@ -4,6 +4,7 @@
 //! while it holds a lease without the child being stopped and the lease released.
 
 use anyhow::{Context, Result};
+use nix::sys::signal::Signal as Sig;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 pub struct Signals {
@@ -25,9 +26,9 @@ impl Signals {
     /// The next signal received, as its number.
     pub async fn recv(&mut self) -> i32 {
         tokio::select! {
-            _ = self.int.recv() => libc::SIGINT,
-            _ = self.term.recv() => libc::SIGTERM,
-            _ = self.hup.recv() => libc::SIGHUP,
+            _ = self.int.recv() => Sig::SIGINT as i32,
+            _ = self.term.recv() => Sig::SIGTERM as i32,
+            _ = self.hup.recv() => Sig::SIGHUP as i32,
         }
     }
 }
@@ -54,7 +55,7 @@ pub fn cancel_on_stop(
 
 async fn next_stop(int: &mut Signal, term: &mut Signal) -> i32 {
     tokio::select! {
-        _ = int.recv() => libc::SIGINT,
-        _ = term.recv() => libc::SIGTERM,
+        _ = int.recv() => Sig::SIGINT as i32,
+        _ = term.recv() => Sig::SIGTERM as i32,
     }
 }

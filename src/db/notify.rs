@@ -56,3 +56,9 @@ pub async fn listen(
         .batch_execute(&format!("LISTEN \"{}\"", channel.replace('"', "\"\"")))
         .await
 }
+
+/// Stops listening on every channel (a run that got its lease no longer needs the releases of
+/// other targets queued for it).
+pub async fn unlisten_all(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("UNLISTEN *").await
+}

@@ -384,12 +384,11 @@ impl Terminal {
 /// not be started after its pre-exec step took the terminal).
 impl Drop for Terminal {
     fn drop(&mut self) {
-        // SAFETY: plain system calls; SIGTTOU is ignored around tcsetpgrp because leasectl is
-        // a background group of this terminal until the call succeeds.
-        unsafe {
-            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
-            libc::signal(libc::SIGTTOU, old);
-        }
+        // leasectl is a background group of this terminal until the call succeeds, and a
+        // background tcsetpgrp raises SIGTTOU (which would stop us) unless it is blocked.
+        let ttou = nix::sys::signal::SigSet::from(Signal::SIGTTOU);
+        let _ = ttou.thread_block();
+        let _ = nix::unistd::tcsetpgrp(io::stdin(), nix::unistd::getpgrp());
+        let _ = ttou.thread_unblock();
     }
 }

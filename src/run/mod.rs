@@ -129,7 +129,7 @@ async fn prepare(
         if listening {
             // Stop queueing other targets' releases for the rest of a long run.
             bounded(until, async {
-                Ok(db.client.batch_execute("UNLISTEN *").await?)
+                Ok(crate::db::notify::unlisten_all(&db.client).await?)
             })
             .await?;
             while db.notifications.try_recv().is_ok() {}

@@ -188,8 +188,7 @@ impl Waiter {
         if cfg.wait.is_some() && !self.listening {
             self.listening = true;
             // LISTEN may be unavailable (e.g. behind a transaction pooler); polling still works.
-            let listen = format!("LISTEN \"{}\"", db.schema.lease_channel());
-            match db.client.batch_execute(&listen).await {
+            match db::notify::listen(&db.client, &db.schema.lease_channel()).await {
                 // Try again at once: the release may have happened before LISTEN took effect.
                 Ok(()) => return Ok(Attempt::Again),
                 Err(e) if db::is_unavailable(&e) => return Err(e.into()),
