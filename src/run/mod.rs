@@ -195,12 +195,13 @@ fn print_stdout(cfg: &RunConfig, bytes: &[u8]) -> Result<()> {
     crate::cmd::print(bytes)
 }
 
-/// How the supervision loop ended.
-enum Ending {
-    Exited(std::process::ExitStatus),
-    Lost(String),
-    TimedOut,
-    Interrupted(i32),
+/// How the command ended, as the run records it.
+struct Ended {
+    status: ChildStatus,
+    outcome: Outcome,
+    exit: Exit,
+    /// Why the lease was lost, if it was (the run is then recorded `lost`).
+    lost: Option<String>,
 }
 
 async fn execute(
@@ -212,12 +213,6 @@ async fn execute(
     acquired_at: Instant,
     signals: &mut Signals,
 ) -> Result<Exit> {
-    let run_id = Uuid::new_v4();
-    let argv: Vec<String> = cfg
-        .command
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
     let clock = DbClock {
         db_time: lease.granted_at,
         local: acquired_at,
@@ -233,140 +228,164 @@ async fn execute(
         echo: !cfg.quiet,
         capture_limit: cfg.capture_limit,
     };
+    let record = |outcome, status, finished: Instant| RunRecord {
+        id: Uuid::new_v4(),
+        outcome,
+        status,
+        exit_code_override: None,
+        argv: cfg
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        host: &me.host,
+        pid: me.pid,
+        started_at: clock.at(started),
+        finished_at: clock.at(finished),
+        stdout: &[],
+        stderr: &[],
+        stdout_truncated: false,
+        stderr_truncated: false,
+        error: None,
+    };
     let mut child = match Child::spawn(spec) {
         Ok(c) => c,
         Err(e) => {
             say!("{}", e.message);
-            let record = RunRecord {
-                id: run_id,
-                outcome: Outcome::ExecFailed,
-                status: None,
+            let failed = RunRecord {
                 exit_code_override: Some(i32::from(e.exit_code)),
-                argv,
-                host: &me.host,
-                pid: me.pid,
-                started_at: clock.at(started),
-                finished_at: clock.at(Instant::now()),
-                stdout: &[],
-                stderr: &[],
-                stdout_truncated: false,
-                stderr_truncated: false,
                 error: Some(e.message),
+                ..record(Outcome::ExecFailed, None, Instant::now())
             };
-            return store(db, cfg, lease, &record, Exit::Code(e.exit_code)).await;
+            return store(db, cfg, lease, &failed, Exit::Code(e.exit_code)).await;
         }
     };
+    test_panic_trigger().await;
 
-    // A test-only trigger (debug builds): panic once the file it names exists, to prove that a
-    // panic mid-run still ends the command.
-    if let Some(path) = std::env::var_os("LEASECTL_TEST_PANIC").filter(|_| cfg!(debug_assertions)) {
-        while !std::path::Path::new(&path).exists() {
-            sleep(Duration::from_millis(20)).await;
-        }
-        panic!("LEASECTL_TEST_PANIC");
-    }
-    let timeout_at = cfg.timeout.map(|t| started + t);
-    let ending = tokio::select! {
-        status = child.wait() => Ending::Exited(status),
-        // A child that already exited (say while leasectl was paused past the TTL) goes to the
-        // fenced save, which alone decides whether its result may be stored; the runtime may
-        // report the expired timer before the child's exit.
-        reason = hb.keep(db) => match child.exited() {
-            Some(status) => Ending::Exited(status),
-            None => Ending::Lost(reason),
-        },
-        _ = sleep_until_opt(timeout_at) => Ending::TimedOut,
-        sig = signals.recv() => Ending::Interrupted(sig),
-    };
-
-    let mut lost: Option<String> = None;
-    let (status, outcome, exit) = match ending {
-        Ending::Exited(s) => {
-            let st = ChildStatus::from_exit_status(s);
-            (st, Outcome::Completed, Exit::Code(st.exit_code()))
-        }
-        Ending::Lost(reason) => {
-            warn!("{reason}; stopping the command");
-            lost = Some(reason);
-            // SIGKILL by the lease's deadline, not a full grace from now: if this stop
-            // starts late (leasectl was paused, a timer fired late), no grace is left.
-            let s = child.stop(Signal::SIGTERM, hb.kill_at()).await;
-            (
-                ChildStatus::from_exit_status(s),
-                Outcome::Lost,
-                Exit::LeaseLost,
-            )
-        }
-        Ending::TimedOut | Ending::Interrupted(_) => {
-            let (first, outcome, exit) = match ending {
-                Ending::Interrupted(sig) => {
-                    info!("received signal {sig}; forwarding it to the command");
-                    (
-                        Signal::try_from(sig).unwrap_or(Signal::SIGTERM),
-                        Outcome::Interrupted,
-                        Exit::from_signal(sig),
-                    )
-                }
-                _ => {
-                    say!(
-                        "'{}' timed out after {}; stopping the command",
-                        cfg.target,
-                        crate::fmt::duration(cfg.timeout.unwrap_or_default())
-                    );
-                    (Signal::SIGTERM, Outcome::TimedOut, Exit::TimedOut)
-                }
-            };
-            // The grace, but never past the lease's own deadline; the lease is kept alive
-            // meanwhile, and if it goes anyway the deadline still holds (it only moves later
-            // with a successful heartbeat).
-            let kill_at = (Instant::now() + cfg.kill_after).min(hb.kill_at());
-            let stop = child.stop(first, kill_at);
-            tokio::pin!(stop);
-            let s = tokio::select! {
-                s = &mut stop => s,
-                reason = hb.keep(db) => {
-                    warn!("{reason}; killing the command");
-                    lost = Some(reason);
-                    stop.await
-                }
-            };
-            (ChildStatus::from_exit_status(s), outcome, exit)
-        }
-    };
+    let end = supervise(&mut child, &mut hb, db, cfg, signals, started).await;
     let ended = Instant::now();
-    let (out, err) = wind_up(
-        &mut child,
-        &mut hb,
-        db,
-        cfg,
-        lost.is_none() && outcome == Outcome::Completed,
-    )
-    .await;
+    let completed = end.lost.is_none() && end.outcome == Outcome::Completed;
+    let (out, err) = wind_up(&mut child, &mut hb, db, cfg, completed).await;
     drop(child);
-    let record = RunRecord {
-        id: run_id,
-        outcome: if lost.is_some() {
-            Outcome::Lost
-        } else {
-            outcome
-        },
-        status: Some(status),
-        exit_code_override: None,
-        argv,
-        host: &me.host,
-        pid: me.pid,
-        started_at: clock.at(started),
-        finished_at: clock.at(ended),
+    let outcome = if end.lost.is_some() {
+        Outcome::Lost
+    } else {
+        end.outcome
+    };
+    let run = RunRecord {
         stdout: &out.bytes,
         stderr: &err.bytes,
         stdout_truncated: out.truncated,
         stderr_truncated: err.truncated,
-        error: lost.clone(),
+        error: end.lost.clone(),
+        ..record(outcome, Some(end.status), ended)
     };
-    if lost.is_some() {
-        return record_lost(db, cfg, lease, &record).await;
+    if end.lost.is_some() {
+        return record_lost(db, cfg, lease, &run).await;
     }
-    store(db, cfg, lease, &record, exit).await
+    store(db, cfg, lease, &run, end.exit).await
+}
+
+/// A test-only trigger (debug builds): panics once the file named by `LEASECTL_TEST_PANIC`
+/// exists, to prove that a panic mid-run still ends the command.
+async fn test_panic_trigger() {
+    let Some(path) = std::env::var_os("LEASECTL_TEST_PANIC").filter(|_| cfg!(debug_assertions))
+    else {
+        return;
+    };
+    while !std::path::Path::new(&path).exists() {
+        sleep(Duration::from_millis(20)).await;
+    }
+    panic!("LEASECTL_TEST_PANIC");
+}
+
+/// Watches the running command until it exits, the lease is lost, `--timeout` passes or a
+/// signal arrives, and stops it in the last three cases.
+async fn supervise(
+    child: &mut Child,
+    hb: &mut Heartbeat<'_>,
+    db: &mut Db,
+    cfg: &RunConfig,
+    signals: &mut Signals,
+    started: Instant,
+) -> Ended {
+    let timeout_at = cfg.timeout.map(|t| started + t);
+    tokio::select! {
+        status = child.wait() => exited(status),
+        // A child that already exited (say while leasectl was paused past the TTL) goes to the
+        // fenced save, which alone decides whether its result may be stored; the runtime may
+        // report the expired timer before the child's exit.
+        reason = hb.keep(db) => match child.exited() {
+            Some(status) => exited(status),
+            None => {
+                warn!("{reason}; stopping the command");
+                // SIGKILL by the lease's deadline, not a full grace from now: if this stop
+                // starts late (leasectl was paused, a timer fired late), no grace is left.
+                let s = child.stop(Signal::SIGTERM, hb.kill_at()).await;
+                Ended {
+                    status: ChildStatus::from_exit_status(s),
+                    outcome: Outcome::Lost,
+                    exit: Exit::LeaseLost,
+                    lost: Some(reason),
+                }
+            }
+        },
+        _ = sleep_until_opt(timeout_at) => {
+            say!(
+                "'{}' timed out after {}; stopping the command",
+                cfg.target,
+                crate::fmt::duration(cfg.timeout.unwrap_or_default())
+            );
+            let how = (Signal::SIGTERM, Outcome::TimedOut, Exit::TimedOut);
+            stop_keeping_the_lease(child, hb, db, cfg, how).await
+        }
+        sig = signals.recv() => {
+            info!("received signal {sig}; forwarding it to the command");
+            let first = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
+            let how = (first, Outcome::Interrupted, Exit::from_signal(sig));
+            stop_keeping_the_lease(child, hb, db, cfg, how).await
+        }
+    }
+}
+
+fn exited(status: std::process::ExitStatus) -> Ended {
+    let status = ChildStatus::from_exit_status(status);
+    Ended {
+        status,
+        outcome: Outcome::Completed,
+        exit: Exit::Code(status.exit_code()),
+        lost: None,
+    }
+}
+
+/// Stops the command for `--timeout` or a signal: `first`, then SIGKILL after the grace — but
+/// never past the lease's own deadline. The lease is kept alive meanwhile; if it goes anyway,
+/// the deadline still holds (it only moves later with a successful heartbeat).
+async fn stop_keeping_the_lease(
+    child: &mut Child,
+    hb: &mut Heartbeat<'_>,
+    db: &mut Db,
+    cfg: &RunConfig,
+    (first, outcome, exit): (Signal, Outcome, Exit),
+) -> Ended {
+    let kill_at = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+    let stop = child.stop(first, kill_at);
+    tokio::pin!(stop);
+    let mut lost = None;
+    let status = tokio::select! {
+        s = &mut stop => s,
+        reason = hb.keep(db) => {
+            warn!("{reason}; killing the command");
+            lost = Some(reason);
+            stop.await
+        }
+    };
+    Ended {
+        status: ChildStatus::from_exit_status(status),
+        outcome,
+        exit,
+        lost,
+    }
 }
 
 /// After the command exited or was stopped: end what it left in its group and collect the
