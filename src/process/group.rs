@@ -286,15 +286,19 @@ impl Watchdog {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let read_fd = read.as_raw_fd();
         let write_fd = write.as_raw_fd();
+        // Prepared before the fork, so that the child only copies bytes.
+        let title = Title::prepare();
         // SAFETY: between fork and _exit the child calls only async-signal-safe functions
-        // (getpid, close, open, dup2, the close_range syscall, getrlimit, signal, read, kill,
-        // _exit): no allocation, no locks, nothing another thread of leasectl could hold.
+        // (getpid, close, open, dup2, the close_range syscall, getrlimit, prctl, signal, read,
+        // kill, _exit) and writes to memory it owns: no allocation, no locks, nothing another
+        // thread of leasectl could hold.
         match unsafe { libc::fork() } {
             -1 => Err(io::Error::last_os_error()),
             0 => unsafe {
                 // No setpgid here: the parent creates the group right after fork, before it
                 // spawns the command; doing it here too would only race with that.
                 let own_pid = libc::getpid();
+                title.apply();
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
@@ -346,6 +350,55 @@ impl Watchdog {
                     pid: Pid::from_raw(pid),
                 })
             }
+        }
+    }
+}
+
+/// The watchdog's own name, so that `pgrep -f 'leasectl run …'`, `pidof leasectl` and `ps`
+/// find the supervisor, not the watchdog (which ignores SIGTERM: an operator's `kill` must
+/// reach leasectl, which forwards it). Its `comm` becomes `leasectl-watch`, and its command
+/// line, the fork's copy of leasectl's argv, is overwritten in place.
+struct Title {
+    /// leasectl's argv strings in memory (`arg_start..arg_end` of /proc/self/stat).
+    area: Option<(usize, usize)>,
+    text: Vec<u8>,
+}
+
+impl Title {
+    fn prepare() -> Title {
+        let area = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|stat| {
+                // Fields after "(comm)": state is field 3, arg_start 48 and arg_end 49.
+                let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(45);
+                let start: usize = rest.next()?.parse().ok()?;
+                let end: usize = rest.next()?.parse().ok()?;
+                (end > start).then_some((start, end - start))
+            });
+        let text = format!(
+            "leasectl-watch (kills the command's group if leasectl pid {} dies)",
+            std::process::id()
+        );
+        Title {
+            area,
+            text: text.into_bytes(),
+        }
+    }
+
+    /// In the forked watchdog only: renames it. Plain memory writes and one prctl.
+    unsafe fn apply(&self) {
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"leasectl-watch".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        if let Some((start, len)) = self.area {
+            let area = start as *mut u8;
+            let n = self.text.len().min(len - 1);
+            std::ptr::copy_nonoverlapping(self.text.as_ptr(), area, n);
+            std::ptr::write_bytes(area.add(n), 0, len - n);
         }
     }
 }

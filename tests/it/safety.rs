@@ -652,3 +652,42 @@ fn a_panic_mid_run_is_one_line_exit_70_and_the_command_dies_with_leasectl() {
     let bg = pid_in(&bg);
     wait_for("the grandchild to die with leasectl", || !alive(bg));
 }
+
+/// Pids whose command line contains `needle`, from /proc.
+fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn pgrep_for_the_run_finds_leasectl_not_its_watchdog() {
+    // The watchdog ignores SIGTERM; were it to look like leasectl, `kill $(pgrep -n -f 'leasectl
+    // run --target X')` would hit it instead of the supervisor, and nothing would stop.
+    let env = Env::new();
+    let target = format!("pgrep-{}", std::process::id());
+    let holder = env.hold(&target, &env.gate());
+    let found = pids_with_cmdline(&format!("run --target {target}"));
+    assert_eq!(
+        found,
+        vec![holder.id() as i32],
+        "pgrep -f would find {found:?}"
+    );
+    let watch = pids_with_cmdline(&format!("leasectl pid {} dies", holder.id()));
+    assert_eq!(watch.len(), 1, "{watch:?}");
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", watch[0])).unwrap();
+    assert_eq!(comm.trim(), "leasectl-watch");
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+}
