@@ -554,30 +554,30 @@ fn died_before_expiry(env: &Env, target: &str, command: i32, ttl: Duration) -> (
     })
 }
 
-#[test]
-fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expires() {
-    // The grace after a lost lease is bounded by the lease: SIGTERM, and SIGKILL a margin
-    // before the TTL can run out, even for a command that ignores SIGTERM.
-    let env = Env::new();
-    let pidfile = env.path("pid");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
-        "g",
-        "--ttl",
-        "2s",
-        "--kill-after",
-        "600ms",
-        "--",
-        "sh",
-        "-c",
-        &format!(
-            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
-            pidfile.display()
-        ),
-    ]);
-    let command = pid_in(&pidfile);
-    let (in_time, age) = died_before_expiry(&env, "g", command, Duration::from_secs(2));
+/// Starts a holder of `target` (`run_args` between the target and `--`) whose command ignores
+/// SIGTERM, and returns it with the command's pid.
+fn hold_ignoring_sigterm(env: &Env, target: &str, run_args: &[&str]) -> (Child, i32) {
+    let pidfile = env.path(&format!("pid-{target}"));
+    let script = format!(
+        "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+        pidfile.display()
+    );
+    let holder = env
+        .command()
+        .args(["run", "--target", target])
+        .args(run_args)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (holder, pid_in(&pidfile))
+}
+
+/// Silences the database for `target` and asserts that the command was SIGKILLed before the
+/// lease could expire (TTL 2s) and that leasectl then exited 76.
+fn assert_killed_before_expiry(env: &Env, target: &str, holder: Child, command: i32) {
+    let (in_time, age) = died_before_expiry(env, target, command, Duration::from_secs(2));
     assert!(
         in_time,
         "the command was still alive {age} after the last heartbeat (ttl 2s)"
@@ -586,41 +586,38 @@ fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expi
 }
 
 #[test]
+fn a_command_that_ignores_sigterm_is_killed_before_a_silent_databases_lease_expires() {
+    // The grace after a lost lease is bounded by the lease: SIGTERM, and SIGKILL a margin
+    // before the TTL can run out, even for a command that ignores SIGTERM.
+    let env = Env::new();
+    let (holder, command) =
+        hold_ignoring_sigterm(&env, "g", &["--ttl", "2s", "--kill-after", "600ms"]);
+    assert_killed_before_expiry(&env, "g", holder, command);
+}
+
+#[test]
 fn the_stop_is_timed_from_the_send_of_the_last_good_heartbeat_not_its_answer() {
     // Heartbeats that take 600ms to be answered: the database dated each at its start (about
     // when it was sent). Timing the stop from the answer would SIGKILL 600ms too late.
     let env = Env::new();
     slow_heartbeats(&env, "s", 0.6);
-    let pidfile = env.path("pid");
-    let holder = env.spawn(&[
-        "run",
-        "--target",
+    let (holder, command) = hold_ignoring_sigterm(
+        &env,
         "s",
-        "--ttl",
-        "2s",
-        "--heartbeat",
-        "300ms",
-        "--kill-after",
-        "500ms",
-        "--",
-        "sh",
-        "-c",
-        &format!(
-            "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
-            pidfile.display()
-        ),
-    ]);
-    let command = pid_in(&pidfile);
+        &[
+            "--ttl",
+            "2s",
+            "--heartbeat",
+            "300ms",
+            "--kill-after",
+            "500ms",
+        ],
+    );
     // Let a few slow heartbeats succeed first.
     wait_for("a slow heartbeat to be confirmed", || {
         env.scalar("SELECT heartbeat_at > acquired_at FROM leases WHERE target = 's'") == "t"
     });
-    let (in_time, age) = died_before_expiry(&env, "s", command, Duration::from_secs(2));
-    assert!(
-        in_time,
-        "the command was still alive {age} after the last heartbeat (ttl 2s)"
-    );
-    assert_eq!(code(&finish(holder)), 76);
+    assert_killed_before_expiry(&env, "s", holder, command);
 }
 
 #[test]
