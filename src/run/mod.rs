@@ -30,7 +30,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
-use crate::config::RunConfig;
+use crate::config::{RunConfig, Wait};
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::process::Capture;
@@ -85,16 +85,42 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         }
     }
 
-    let (lease, acquired_at, listening) = match obtain(&mut db, &cfg, &me, &mut signals).await? {
-        Obtained::Lease(l, at, listening) => (l, at, listening),
-        Obtained::Done(exit) => return Ok(exit),
+    // `--wait=DUR` counts from here, across every attempt.
+    let give_up_at = match cfg.wait {
+        Some(Wait::Upto(d)) => Some(Instant::now() + d),
+        _ => None,
     };
-    info!("acquired '{}' (fence {})", lease.target, lease.fence);
-    let hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
-    if let Some(exit) = prepare(&mut db, &cfg, &lease, &hb, listening, &mut signals).await? {
-        return Ok(exit);
+    loop {
+        let (lease, acquired_at, listening) =
+            match obtain(&mut db, &cfg, &me, &mut signals, give_up_at).await? {
+                Obtained::Lease(l, at, listening) => (l, at, listening),
+                Obtained::Done(exit) => return Ok(exit),
+            };
+        info!("acquired '{}' (fence {})", lease.target, lease.fence);
+        let hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
+        match prepare(&mut db, &cfg, &lease, &hb, listening, &mut signals).await? {
+            Prepared::Spawn => {
+                return execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
+            }
+            Prepared::Done(exit) => return Ok(exit),
+            // A waiter waits on: the database (or leasectl) was slow, the lease is not gone
+            // for good. The next acquisition gets a fresh lease, with a higher fence.
+            Prepared::TooLate { why, .. } if cfg.wait.is_some() => {
+                warn!("{why}; the command was not started; waiting again");
+                if let Ok(Err(e)) = timeout(STATEMENT_DEADLINE, db.reconnect()).await {
+                    info!("reconnect failed: {e:#}");
+                }
+            }
+            Prepared::TooLate { why, silent_db } => {
+                let why = format!("{why}; the command was not started");
+                if silent_db {
+                    return Err(Failure::Unavailable(why).into());
+                }
+                say!("{why}");
+                return Ok(Exit::LeaseLost);
+            }
+        }
     }
-    execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
 }
 
 /// Runs `what` with a client-side deadline: past `until`, the database counts as unavailable
@@ -107,15 +133,27 @@ pub(crate) async fn bounded<T>(until: Instant, what: impl Future<Output = Result
     }
 }
 
+/// What to do once the lease is acquired.
+enum Prepared {
+    /// Start the command.
+    Spawn,
+    /// Do not run: a fresh result was printed, or a signal arrived.
+    Done(Exit),
+    /// The command could not be started in time to be stopped before the lease could expire:
+    /// the database did not confirm the lease in time (`silent_db`), or the deadline passed
+    /// anyway (leasectl was paused?).
+    TooLate { why: String, silent_db: bool },
+}
+
 /// Between acquiring and spawning: stop listening for releases and, with `--reuse-within`,
-/// look once more for a result that was stored while we acquired. Returns the exit code when
-/// the command must not run.
+/// look once more for a result that was stored while we acquired.
 ///
 /// The lease was confirmed when the acquiring statement was sent; the heartbeat schedule's
 /// `stop_at` is the last moment at which a command spawned now could still be stopped before
 /// the lease can expire. Every statement here is bounded by it, a signal ends the wait, and it
 /// is checked once more right before returning: a command is never started on a lease that
-/// may already be someone else's.
+/// may already be someone else's. Whenever the command is not started, the lease is released
+/// (best-effort).
 async fn prepare(
     db: &mut Db,
     cfg: &RunConfig,
@@ -123,7 +161,7 @@ async fn prepare(
     hb: &Heartbeat<'_>,
     listening: bool,
     signals: &mut Signals,
-) -> Result<Option<Exit>> {
+) -> Result<Prepared> {
     let until = hb.stop_at();
     let checks = async {
         if listening {
@@ -150,31 +188,32 @@ async fn prepare(
         r = checks => Ok(r),
         sig = signals.recv() => Err(sig),
     };
-    let exit = match checked {
-        Err(sig) => Some(Exit::from_signal(sig)),
+    let prepared = match checked {
+        Err(sig) => Prepared::Done(Exit::from_signal(sig)),
         Ok(Ok(Some(r))) => {
             print_stdout(cfg, &r.stdout)?;
-            Some(Exit::Code(0))
+            Prepared::Done(Exit::Code(0))
         }
-        Ok(Ok(None)) if Instant::now() < hb.stop_at() => return Ok(None),
-        Ok(Ok(None)) => {
-            say!(
-                "the lease on '{}' ran out before the command could be started (was leasectl paused?); the command was not started",
+        Ok(Ok(None)) if Instant::now() < hb.stop_at() => return Ok(Prepared::Spawn),
+        Ok(Ok(None)) => Prepared::TooLate {
+            why: format!(
+                "the lease on '{}' ran out before the command could be started (was leasectl paused?)",
                 cfg.target
-            );
-            Some(Exit::LeaseLost)
-        }
-        Ok(Err(e)) => {
-            // The connection may be stuck behind the unanswered statement: the lease is left
-            // to expire by its TTL.
-            return Err(e.context(format!(
-                "the command was not started: '{}' was acquired, but the database did not confirm it in time",
+            ),
+            silent_db: false,
+        },
+        // The connection may be stuck behind the unanswered statement; the release below
+        // is tried anyway, and otherwise the lease expires by its TTL.
+        Ok(Err(e)) => Prepared::TooLate {
+            why: format!(
+                "'{}' was acquired, but the database did not confirm it in time ({e:#})",
                 cfg.target
-            )));
-        }
+            ),
+            silent_db: true,
+        },
     };
     release_within(db, lease, until).await;
-    Ok(exit)
+    Ok(prepared)
 }
 
 /// Releases the lease, best-effort, giving up at `until`.

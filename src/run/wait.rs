@@ -59,23 +59,21 @@ async fn interruptible<T>(
 /// Acquires the lease, waiting for it with `--wait`.
 ///
 /// A waiter survives the database going away (a restart, a failover): it reports the outage
-/// once, reconnects with backoff and carries on waiting, within its `--wait` limit. A signal
+/// once, reconnects with backoff and carries on waiting, within its `--wait` limit
+/// (`give_up_at`, which the caller computes once for all attempts). A signal
 /// or the limit ends the wait at any point, even in the middle of a statement.
 pub(super) async fn obtain(
     db: &mut Db,
     cfg: &RunConfig,
     me: &Me,
     signals: &mut Signals,
+    give_up_at: Option<Instant>,
 ) -> Result<Obtained> {
     let mut w = Waiter {
         listening: false,
         awaited: None,
         spinner: Spinner::default(),
         outage: None,
-    };
-    let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(Instant::now() + d),
-        _ => None,
     };
     let result = loop {
         let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));

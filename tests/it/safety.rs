@@ -216,6 +216,31 @@ fn a_command_is_not_started_when_the_acquire_came_back_too_late_to_stop_it_in_ti
 }
 
 #[test]
+fn a_waiter_whose_acquire_came_back_too_late_acquires_again_and_runs() {
+    // With --wait, a lease that ran out before the start is not the end: leasectl releases it,
+    // acquires afresh (a higher fence) and runs the command on a lease it can still stop.
+    let env = Env::new();
+    stall_next_acquire(&env, "late", 1.5);
+    let o = env.run(&[
+        "run",
+        "--target",
+        "late",
+        "--ttl",
+        "1s",
+        "--kill-after",
+        "100ms",
+        "--wait=30s",
+        "--",
+        "sh",
+        "-c",
+        "echo fence=$LEASECTL_FENCE",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "fence=2\n");
+    assert!(stderr(&o).contains("waiting again"), "{}", stderr(&o));
+}
+
+#[test]
 fn sigterm_to_a_waiter_whose_acquire_is_stuck_ends_it_without_running_the_command() {
     let env = Env::new();
     stall_next_acquire(&env, "stuck", 30.0);
