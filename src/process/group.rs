@@ -234,6 +234,11 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
         if except.is_some_and(|e| e.as_raw() == pid) {
             continue;
         }
+        // getpgid(2) first: a system call, where reading /proc/PID/stat makes the kernel
+        // format a page of text — for every process on the machine, at the end of every run.
+        if nix::unistd::getpgid(Some(Pid::from_raw(pid))) != Ok(pgid) {
+            continue;
+        }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
