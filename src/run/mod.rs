@@ -185,8 +185,11 @@ async fn prepare(
         }
     };
     let checked = tokio::select! {
-        r = checks => Ok(r),
+        // A signal already received wins over checks that happen to be done: the command
+        // must not start after leasectl was told to stop.
+        biased;
         sig = signals.recv() => Err(sig),
+        r = checks => Ok(r),
     };
     let prepared = match checked {
         Err(sig) => Prepared::Done(Exit::from_signal(sig)),

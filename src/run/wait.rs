@@ -50,8 +50,12 @@ async fn interruptible<T>(
         }
     };
     tokio::select! {
-        r = what => Ok(r),
+        // Signals first: one that arrived while a statement was stuck must win even if the
+        // statement completes in the same instant, or the command could start after it. Then
+        // the statement: a lease acquired as the wait runs out is used, not left to expire.
+        biased;
         sig = signals.recv() => Err(Interrupted::Signal(sig)),
+        r = what => Ok(r),
         _ = give_up => Err(Interrupted::GaveUp),
     }
 }
