@@ -117,7 +117,7 @@ Durations: 500ms, 30s, 2m, 1h, 1d.
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
-  leasectl run --target oauth --wait --reuse-within 5m --quiet -- ./refresh-token
+  TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost; 124 --timeout;
 126/127 not executable / not found; 128+N leasectl got signal N; 2 usage; 69 database down.";

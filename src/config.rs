@@ -178,6 +178,13 @@ impl RunConfig {
                 humantime::format_duration(a.ttl),
             )));
         }
+        if a.quiet && a.reuse_within.is_some() {
+            // --quiet would silence the very output --reuse-within exists to hand out: every
+            // caller, the one that runs included, would print nothing and exit 0.
+            return Err(usage(
+                "--quiet cannot go with --reuse-within: it would discard the result every caller is meant to print (redirect stdout to discard it instead)",
+            ));
+        }
         if a.capture_limit > MAX_CAPTURE_LIMIT {
             return Err(usage(format!(
                 "--capture-limit {} is too large (at most 256MiB: stdout and stderr are stored in one PostgreSQL message, which holds at most 1GiB)",

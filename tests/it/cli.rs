@@ -210,3 +210,22 @@ fn version_and_help() {
         assert!(stdout(&out).contains(flag), "run --help lacks {flag}");
     }
 }
+
+#[test]
+fn quiet_with_reuse_within_is_a_usage_error_since_every_caller_would_print_nothing() {
+    let env = Env::new();
+    let o = env.run(&[
+        "run",
+        "--target",
+        "oauth",
+        "--wait",
+        "--reuse-within",
+        "5m",
+        "--quiet",
+        "--",
+        "echo",
+        "token",
+    ]);
+    assert_one_line_error(&o, 2, "--quiet cannot go with --reuse-within");
+    assert_eq!(stdout(&o), "");
+}

@@ -77,12 +77,12 @@ fn three_megabytes_stream_completely_and_are_stored_capped() {
         "big",
         "--reuse-within",
         "1h",
-        "--quiet",
         "--",
         "sh",
         "-c",
         "echo ran-again",
     ]);
+    assert_eq!(stdout(&again), "ran-again\n", "{}", stderr(&again));
     assert_eq!(
         env.scalar("SELECT count(*) FROM runs"),
         "2",
