@@ -64,7 +64,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l json -d 'On
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l target -d 'The target whose runs to list' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l limit -d 'At most N runs' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
@@ -72,7 +72,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l json -d 'One 
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l target -d 'The target whose stored output to print' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l run -d 'This run instead of the newest one that was not lost' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
@@ -80,7 +80,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l stderr -d '
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -d 'The target to free, whoever holds it' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d 'Required: breaking a live lease makes its holder stop'

@@ -335,6 +335,7 @@ pub struct StatusArgs {
 
 #[derive(Debug, Args)]
 pub struct RunsArgs {
+    /// The target whose runs to list
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
     /// At most N runs
@@ -347,6 +348,7 @@ pub struct RunsArgs {
 
 #[derive(Debug, Args)]
 pub struct OutputArgs {
+    /// The target whose stored output to print
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
     /// This run instead of the newest one that was not lost
@@ -359,6 +361,7 @@ pub struct OutputArgs {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
+    /// The target to free, whoever holds it
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
     /// Required: breaking a live lease makes its holder stop

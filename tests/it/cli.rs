@@ -229,3 +229,24 @@ fn quiet_with_reuse_within_is_a_usage_error_since_every_caller_would_print_nothi
     assert_one_line_error(&o, 2, "--quiet cannot go with --reuse-within");
     assert_eq!(stdout(&o), "");
 }
+
+#[test]
+fn every_target_flag_is_described_in_help() {
+    let env = Env::new();
+    for cmd in ["run", "status", "runs", "output", "release"] {
+        let out = env.run(&[cmd, "--help"]);
+        let help = stdout(&out);
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with("--target <TARGET>"))
+            .unwrap_or_else(|| panic!("{cmd} --help has no --target: {help}"));
+        let description = line
+            .trim_start()
+            .trim_start_matches("--target <TARGET>")
+            .trim();
+        assert!(
+            !description.is_empty(),
+            "{cmd} --help: --target has no description"
+        );
+    }
+}
