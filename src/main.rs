@@ -77,10 +77,38 @@ fn clap_error(e: clap::Error) -> ExitCode {
             let body = text.split("\nUsage:").next().unwrap_or(&text);
             let body = body.split("\nFor more information").next().unwrap_or(body);
             let body = body.trim().trim_start_matches("error:").trim();
-            leasectl::say!("{} (see --help)", one_line(body));
+            match typo_hint(&e, &std::env::args().collect::<Vec<_>>()) {
+                Some(hint) => leasectl::say!("{}; {hint} (see --help)", one_line(body)),
+                None => leasectl::say!("{} (see --help)", one_line(body)),
+            }
             ExitCode::from(Exit::USAGE)
         }
     }
+}
+
+/// A hint for the two slips people make most with `run`: forgetting the `--` before the
+/// command (`run --target x echo hi`), and giving `--wait` its limit as a separate word
+/// (`--wait 10m`; it is optional, so it must be attached: `--wait=10m`).
+fn typo_hint(e: &clap::Error, args: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() != ErrorKind::UnknownArgument || !args.iter().any(|a| a == "run") {
+        return None;
+    }
+    let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let at = args.iter().position(|a| a == bad)?;
+    if at > 0 && args[at - 1] == "--wait" {
+        return Some(format!(
+            "write --wait={bad}: --wait takes its limit after '=' (alone it waits forever)"
+        ));
+    }
+    if !args.iter().any(|a| a == "--") {
+        return Some(
+            "the command must follow --, e.g. leasectl run --target x -- echo hi".to_owned(),
+        );
+    }
+    None
 }
 
 /// Folds a possibly multi-line message (PostgreSQL DETAIL/HINT, clap lists) into one line.

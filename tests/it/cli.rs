@@ -250,3 +250,12 @@ fn every_target_flag_is_described_in_help() {
         );
     }
 }
+
+#[test]
+fn the_two_common_slips_of_run_get_a_hint() {
+    let env = Env::new();
+    let o = env.run(&["run", "--target", "x", "echo", "hi"]);
+    assert_one_line_error(&o, 2, "the command must follow --");
+    let o = env.run(&["run", "--target", "x", "--wait", "10m", "--", "true"]);
+    assert_one_line_error(&o, 2, "write --wait=10m");
+}
