@@ -272,3 +272,85 @@ mod tests {
         assert!(parse_byte_size("1XB").is_err());
     }
 }
+
+/// Whatever a user types, every flag parser and the run config answer with a value or a
+/// usage error — never a panic — and every duration they accept can be added to an instant
+/// (deadlines are `now + duration` throughout `run`).
+#[cfg(test)]
+mod never_panic {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+    use proptest::prelude::*;
+
+    /// Numbers of any size with any unit humantime knows, and now and then a bad one.
+    fn duration_text() -> impl Strategy<Value = String> {
+        (
+            prop_oneof![9 => "[1-9][0-9]{0,19}", 1 => Just(String::new())],
+            prop_oneof![
+                Just("ns"),
+                Just("ms"),
+                Just("s"),
+                Just("m"),
+                Just("h"),
+                Just("d"),
+                Just("w"),
+                Just("y"),
+                Just("x")
+            ],
+        )
+            .prop_map(|(n, u)| format!("{n}{u}"))
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![duration_text(), any::<String>(), "[0-9]{1,25}[KMG]i?B"]
+    }
+
+    proptest! {
+        #[test]
+        fn parsers_return_a_value_or_an_error(s in text()) {
+            let _ = parse_duration(&s);
+            let _ = parse_wait(&s);
+            let _ = parse_target(&s);
+            let _ = parse_schema(&s);
+            let _ = parse_byte_size(&s);
+        }
+
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn a_run_config_is_valid_or_a_usage_error(
+            flags in proptest::collection::vec(
+                (prop_oneof![
+                    Just("--ttl"), Just("--heartbeat"), Just("--kill-after"), Just("--timeout"),
+                    Just("--wait="), Just("--reuse-within")
+                ], duration_text()),
+                0..6,
+            ),
+        ) {
+            let mut argv: Vec<String> = ["leasectl", "run", "--target", "t"].map(String::from).into();
+            for (flag, value) in flags {
+                if let Some(flag) = flag.strip_suffix('=') {
+                    argv.push(format!("{flag}={value}"));
+                } else {
+                    argv.extend([flag.to_owned(), value]);
+                }
+            }
+            argv.extend(["--", "true"].map(String::from));
+            let Ok(cli) = Cli::try_parse_from(argv) else { return Ok(()) };
+            let crate::cli::Command::Run(args) = cli.command else { unreachable!() };
+            if let Ok(cfg) = RunConfig::new(args) {
+                let now = std::time::Instant::now();
+                let longest = [Some(cfg.ttl), Some(cfg.heartbeat), Some(cfg.kill_after), cfg.timeout, cfg.reuse_within];
+                for d in longest.into_iter().flatten() {
+                    prop_assert!(now.checked_add(d * 2).is_some(), "{d:?} overflows an instant");
+                }
+                if let Some(Wait::Upto(d)) = cfg.wait {
+                    prop_assert!(now.checked_add(d).is_some());
+                }
+            }
+        }
+    }
+}
