@@ -119,8 +119,9 @@ Examples:
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
-Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost; 124 --timeout;
-126/127 not executable / not found; 128+N leasectl got signal N; 2 usage; 69 database down.";
+Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
+the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
+2 usage; 69 database down or silent; 70 internal error.";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -202,8 +203,9 @@ Examples:
   leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
   leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
 
-Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 2 usage;
-69 database unreachable, or the sink unreachable with --once (or stdout closed); 70 internal.";
+Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
+events went dead during the pass; 2 usage; 69 database unreachable, or the sink unreachable with
+--once (or stdout closed); 70 internal.";
 
 const OUTBOX_HELP: &str = "\
 Examples:

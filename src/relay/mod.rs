@@ -126,6 +126,8 @@ struct Relay {
 struct BatchReport {
     claimed: usize,
     delivered: usize,
+    /// Events refused for the last time (`--max-attempts`) in this batch.
+    went_dead: usize,
     /// Set when the sink could not be reached: the message.
     sink_down: Option<String>,
 }
@@ -134,6 +136,8 @@ impl Relay {
     async fn main_loop(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<Exit> {
         let mut sink_outage = Outage::new(self.cfg.sink.describe());
         let mut db_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
+        // For `--once`: events that went dead during this pass make its exit code 1.
+        let mut went_dead = 0;
         loop {
             if stop.is_cancelled() {
                 return Ok(Exit::Code(0));
@@ -159,6 +163,7 @@ impl Relay {
                 }
             };
             db_outage.reset();
+            went_dead += report.went_dead;
             self.progress.batch(report.delivered);
             self.maybe_vacuum(db, report.delivered).await;
 
@@ -182,6 +187,13 @@ impl Relay {
                 continue;
             }
             if self.cfg.once {
+                if went_dead > 0 {
+                    crate::say!(
+                        "{went_dead} event{} went dead during this pass (see `leasectl outbox list --dead`)",
+                        if went_dead == 1 { "" } else { "s" }
+                    );
+                    return Ok(Exit::Code(1));
+                }
                 return Ok(Exit::Code(0));
             }
             self.idle(db, stop).await?;
@@ -216,9 +228,14 @@ impl Relay {
             return Err(e.into());
         }
         publisher.report_failures(&claimed, &settled);
+        let went_dead = settled
+            .iter()
+            .filter(|s| matches!(s, Settle::Failed { dead: true, .. }))
+            .count();
         Ok(BatchReport {
             claimed: claimed.len(),
             delivered,
+            went_dead,
             sink_down,
         })
     }

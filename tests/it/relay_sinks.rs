@@ -654,3 +654,27 @@ fn a_webhook_that_always_refuses_one_aggregate_kills_only_that_aggregate() {
         stderr(&o)
     );
 }
+
+#[test]
+fn relay_once_exits_1_with_the_count_when_events_went_dead_in_its_pass() {
+    // A cron'd `relay --once` must not report success while events died under it.
+    let env = migrated();
+    insert_events(&env, 3, 3, 1);
+    let o = env.run(&[
+        "relay",
+        "--once",
+        "--sink",
+        "exec:exit 1",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("3 events went dead during this pass"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(outbox_list(&env, true)["total"], 3);
+    // The next pass finds nothing due (dead events wait for an operator): success again.
+    relay_once(&env, "exec:exit 1");
+}
