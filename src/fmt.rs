@@ -1,6 +1,7 @@
 //! Small formatting helpers for human-readable output.
 
 use std::time::{Duration, SystemTime};
+use unicode_width::UnicodeWidthStr;
 
 /// RFC 3339 in UTC with microseconds: the one timestamp format leasectl publishes (event
 /// payloads, `--json` output), whatever the database session's TimeZone. (Migration 0001 also
@@ -41,12 +42,13 @@ pub fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
 }
 
-/// Left-aligned columns, two spaces apart, widths by the widest cell (in characters).
+/// Left-aligned columns, two spaces apart, widths by the widest cell in terminal columns
+/// (display width: an emoji or a CJK character takes two, a combining mark none).
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.width()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            *w = (*w).max(cell.width());
         }
     }
     let mut out = String::new();
@@ -60,7 +62,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             if i + 1 < widths.len() {
                 l.extend(std::iter::repeat_n(
                     ' ',
-                    widths[i].saturating_sub(cell.chars().count()),
+                    widths[i].saturating_sub(cell.width()),
                 ));
             }
         }
@@ -98,5 +100,15 @@ mod tests {
     fn table_aligns() {
         let t = table(&["A", "BB"], &[vec!["xyz".into(), "1".into()]]);
         assert_eq!(t, "A    BB\nxyz  1\n");
+        // Wide characters: the second column starts in the same terminal column on each line.
+        let t = table(
+            &["TARGET", "N"],
+            &[
+                vec!["🚀🚀".into(), "1".into()],
+                vec!["日本".into(), "2".into()],
+                vec!["ab".into(), "3".into()],
+            ],
+        );
+        assert_eq!(t, "TARGET  N\n🚀🚀    1\n日本    2\nab      3\n");
     }
 }
