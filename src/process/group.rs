@@ -242,11 +242,7 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        // "pid (comm) state ppid pgrp …": comm may contain anything, so split after its ')'.
-        let mut fields = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace();
+        let mut fields = stat_fields(&stat);
         let state = fields.next().unwrap_or("Z");
         let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
         if pgrp == Some(pgid.as_raw()) && state != "Z" && state != "X" {
@@ -254,6 +250,14 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
         }
     }
     false
+}
+
+/// The fields of a `/proc/PID/stat` line after `(comm)`, from field 3 (the state) on. `comm`
+/// may contain anything, spaces and parentheses included, so the split is after its last ')'.
+fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
+    stat.rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
 }
 
 /// A forked process that creates the child's process group and SIGKILLs that group when
@@ -377,8 +381,8 @@ impl Title {
         let area = std::fs::read_to_string("/proc/self/stat")
             .ok()
             .and_then(|stat| {
-                // Fields after "(comm)": state is field 3, arg_start 48 and arg_end 49.
-                let mut rest = stat.rsplit_once(')')?.1.split_whitespace().skip(45);
+                // state is field 3, arg_start 48 and arg_end 49.
+                let mut rest = stat_fields(&stat).skip(45);
                 let start: usize = rest.next()?.parse().ok()?;
                 let end: usize = rest.next()?.parse().ok()?;
                 (end > start).then_some((start, end - start))

@@ -580,7 +580,12 @@ async fn record_lost(
         runs::record_lost(&db.client, &db.schema, lease, record),
     )
     .await;
-    if stored.is_err() && matches!(timeout_at_ok(until, db.reconnect()).await, Some(Ok(()))) {
+    if stored.is_err()
+        && matches!(
+            tokio::time::timeout_at(until, db.reconnect()).await,
+            Ok(Ok(()))
+        )
+    {
         stored = bounded(
             until,
             runs::record_lost(&db.client, &db.schema, lease, record),
@@ -600,9 +605,4 @@ async fn record_lost(
     }
     release_within(db, lease, until).await;
     Ok(Exit::LeaseLost)
-}
-
-/// `what`'s output, or `None` if `until` came first.
-async fn timeout_at_ok<T>(until: Instant, what: impl Future<Output = T>) -> Option<T> {
-    tokio::time::timeout_at(until, what).await.ok()
 }

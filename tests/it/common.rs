@@ -145,6 +145,11 @@ impl Env {
         rows[0][0].clone().unwrap_or_default()
     }
 
+    /// How many leases of this schema are held right now (as text, like [`Env::scalar`]).
+    pub fn held_leases(&self) -> String {
+        self.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL")
+    }
+
     /// `leasectl status --json`, parsed.
     pub fn status(&self) -> serde_json::Value {
         let out = self.run(&["status", "--json"]);
@@ -217,20 +222,45 @@ pub fn kill(pid: u32, sig: i32) {
 
 /// Waits for a spawned leasectl and returns its output, panicking after [`PATIENCE`].
 pub fn finish(mut child: std::process::Child) -> Output {
+    if exited_within(&mut child, PATIENCE).is_none() {
+        let _ = child.kill();
+        panic!(
+            "leasectl did not exit in time: {:?}",
+            child.wait_with_output().unwrap()
+        );
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The child's exit status once it exits, or `None` if it is still running after `limit`.
+pub fn exited_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
     let start = Instant::now();
     loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
         }
-        if start.elapsed() > PATIENCE {
-            let _ = child.kill();
-            panic!(
-                "leasectl did not exit in time: {:?}",
-                child.wait_with_output().unwrap()
-            );
+        if start.elapsed() > limit {
+            return None;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Waits for `child` to exit within `limit` — shorter than [`PATIENCE`] where a test is about
+/// a hang — and returns its status; kills it and panics naming `what` if it does not.
+pub fn exits_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    exited_within(child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{what}: leasectl still running after {limit:?}")
+    })
 }
 
 /// `Command::output` with a deadline, so that a liveness bug (say, `relay --once` that never

@@ -21,22 +21,6 @@ fn broken_pipe() -> std::os::fd::OwnedFd {
     write
 }
 
-/// Waits for `child` to exit within `limit` (not [`PATIENCE`]: these tests are about hangs).
-fn exits_within(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: leasectl still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A `psql` session holding the lease row of `target` locked (`SELECT … FOR NO KEY UPDATE` in
 /// an open transaction): every statement that updates or locks that row (heartbeat, release,
 /// the fenced save) hangs, as on a stuck server, until the session is dropped. Inserting a
@@ -151,11 +135,7 @@ fn a_broken_stderr_neither_panics_nor_abandons_the_run() {
         ),
         "completed:3:one\ntwo\n"
     );
-    assert_eq!(
-        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL"),
-        "0",
-        "the lease must be released"
-    );
+    assert_eq!(env.held_leases(), "0", "the lease must be released");
     let bg = pid_in(&bg);
     wait_for("the left-behind sleep to be stopped", || !alive(bg));
 }
@@ -410,9 +390,7 @@ fn a_save_that_the_database_never_answers_gives_up_with_69() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for("the lease to be held", || {
-        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL") == "1"
-    });
+    wait_for("the lease to be held", || env.held_leases() == "1");
     let lock = RowLock::new(&env, "v");
     env.open_gate();
     // Well before the server's own statement_timeout (30s) could end the wait.
@@ -451,10 +429,7 @@ fn a_closed_stdout_reaches_the_command_as_a_broken_pipe() {
         env.scalar("SELECT outcome || ':' || signal FROM runs"),
         "completed:13"
     );
-    assert_eq!(
-        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL"),
-        "0"
-    );
+    assert_eq!(env.held_leases(), "0");
 }
 
 #[test]

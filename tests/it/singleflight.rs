@@ -221,9 +221,7 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
         "-c",
         &format!("{}; {}", env.gate(), refresh_script(&env, "")),
     ]);
-    wait_for("A to hold the lease", || {
-        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL") == "1"
-    });
+    wait_for("A to hold the lease", || env.held_leases() == "1");
     let b = env
         .command()
         .args([
