@@ -19,9 +19,11 @@ use crate::error::Failure;
 
 /// How long a connection attempt may take before the database counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Server-side limit on every statement, so a stuck lock or server cannot hang leasectl; sent
-/// first on every connection.
-pub(super) const SET_STATEMENT_TIMEOUT: &str = "SET statement_timeout = '30s'";
+/// Server-side limit on every statement, so a stuck lock cannot hold a statement past the
+/// client's own deadline. Sent as a startup option (`-c statement_timeout=…`), which costs no
+/// round trip and is the session's own state; a pooler that refuses startup options gets none
+/// (see [`super::session`]).
+pub(super) const STATEMENT_TIMEOUT: &str = "30s";
 /// Socket directories tried when nothing names a host: Debian's, then the upstream default.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
@@ -135,6 +137,19 @@ impl Settings {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15));
         Ok(Settings { config, verify_tls })
+    }
+
+    /// These settings plus the startup option that sets the session's `statement_timeout`
+    /// (appended to any `options` the connection string already has).
+    pub(super) fn with_statement_timeout(&self) -> Settings {
+        let mut s = self.clone();
+        let own = format!("-c statement_timeout={STATEMENT_TIMEOUT}");
+        let options = match self.config.get_options() {
+            Some(o) if !o.trim().is_empty() => format!("{o} {own}"),
+            _ => own,
+        };
+        s.config.options(&options);
+        s
     }
 
     /// A plain connection without migrations (for tools and tests that manage databases).

@@ -9,9 +9,9 @@
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha384};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use super::connect::SET_STATEMENT_TIMEOUT;
 use super::Schema;
 use crate::error::Failure;
 
@@ -53,35 +53,42 @@ impl Migration {
 /// Brings `schema` up to [`SCHEMA_VERSION`].
 ///
 /// The common case — already current, every checksum matching — costs one round trip, which
-/// also sets the statement timeout. Otherwise every pending migration runs in one transaction
+/// also reads back the session's `statement_timeout` (returned: [`super::session`] tells a
+/// direct session from a pooled one by it). Otherwise every pending migration runs in one transaction
 /// holding an advisory lock keyed on the schema, with its ledger row, so two processes starting
 /// on an empty database serialise here and both succeed (sqlx-postgres's `migrate.rs` does the
 /// same).
-pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
+pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
     let probe = client
-        .simple_query(&schema.sql(&format!(
-            "{SET_STATEMENT_TIMEOUT};
+        .simple_query(&schema.sql(
+            "SELECT current_setting('statement_timeout') AS statement_timeout;
              SELECT version, encode(checksum, 'hex') AS checksum
-               FROM {{s}}.schema_migrations ORDER BY version"
-        )))
+               FROM {s}.schema_migrations ORDER BY version",
+        ))
         .await;
     match probe {
         Ok(msgs) => {
-            let applied: Vec<(i32, Option<Vec<u8>>)> = msgs
-                .iter()
-                .filter_map(|m| match m {
-                    SimpleQueryMessage::Row(r) => {
-                        let version = r.get("version")?.parse().ok()?;
-                        Some((version, r.get("checksum").map(from_hex)))
-                    }
+            let rows = || {
+                msgs.iter().filter_map(|m| match m {
+                    SimpleQueryMessage::Row(r) => Some(r),
                     _ => None,
+                })
+            };
+            let timeout = rows()
+                .find_map(|r| r.try_get("statement_timeout").ok().flatten())
+                .unwrap_or_default()
+                .to_owned();
+            let applied: Vec<(i32, Option<Vec<u8>>)> = rows()
+                .filter_map(|r| {
+                    let version = r.try_get("version").ok()??.parse().ok()?;
+                    Some((version, r.try_get("checksum").ok()?.map(from_hex)))
                 })
                 .collect();
             check_applied(schema, &applied)?;
             let current = applied.last().map(|(v, _)| *v);
             let all_summed = applied.iter().all(|(_, sum)| sum.is_some());
             if current == Some(SCHEMA_VERSION) && all_summed {
-                return Ok(());
+                return Ok(timeout);
             }
         }
         // No schema or ledger yet, or a ledger from before checksums: the locked path below
@@ -92,7 +99,24 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<()> {
                 || *c == SqlState::UNDEFINED_COLUMN) => {}
         Err(e) => return Err(e).context("cannot read the schema version"),
     }
-    apply_migrations(client, schema).await
+    // Two first users of a schema serialise on the advisory lock, but the second may still
+    // trip over the first's `CREATE SCHEMA IF NOT EXISTS` (seen behind pgbouncer: the waiting
+    // backend's catalog cache predates the other's commit). A fresh transaction sees it.
+    let mut attempt = 1;
+    while let Err(e) = apply_migrations(client, schema).await {
+        if attempt == 3 || !created_concurrently(&e) {
+            return Err(e);
+        }
+        attempt += 1;
+    }
+    let shown = client.simple_query("SHOW statement_timeout").await?;
+    Ok(shown
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default())
 }
 
 /// Refuses a ledger that is newer than this binary or names a migration whose text changed.
@@ -119,19 +143,33 @@ fn check_applied(schema: &Schema, applied: &[(i32, Option<Vec<u8>>)]) -> Result<
     Ok(())
 }
 
+/// Whether a migration failed because another process created the same object at the same
+/// moment (a unique violation on a catalog, or "already exists").
+fn created_concurrently(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<tokio_postgres::Error>())
+        .filter_map(|c| c.code())
+        .any(|c| {
+            *c == SqlState::UNIQUE_VIOLATION
+                || *c == SqlState::DUPLICATE_SCHEMA
+                || *c == SqlState::DUPLICATE_TABLE
+                || *c == SqlState::DUPLICATE_OBJECT
+        })
+}
+
 fn from_hex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
         .collect()
 }
 
+/// Every statement here is unnamed (`query_typed`) or simple, and every setting `SET LOCAL`, so
+/// a transaction-mode pooler can run the whole transaction on any server connection.
 async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
-    // The failed probe rolled back its SET; repeat it outside the transaction.
-    client.batch_execute(SET_STATEMENT_TIMEOUT).await?;
     let tx = client.transaction().await?;
-    tx.execute(
+    tx.query_typed(
         "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))",
-        &[&schema.name()],
+        &[(&schema.name(), Type::TEXT)],
     )
     .await
     .context("cannot take the migration lock")?;
@@ -150,7 +188,7 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     .await
     .with_context(|| format!("cannot create schema \"{}\"", schema.name()))?;
     let applied: Vec<(i32, Option<Vec<u8>>)> = tx
-        .query(
+        .query_typed(
             "SELECT version, checksum FROM schema_migrations ORDER BY version",
             &[],
         )
@@ -163,9 +201,9 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
         if let (None, Some(m)) = (sum, Migration::by_version(*version)) {
             // Applied by a leasectl that kept no checksums: this binary's file is the best
             // record of what ran (a version's file never changes once released).
-            tx.execute(
+            tx.execute_typed(
                 "UPDATE schema_migrations SET checksum = $2 WHERE version = $1",
-                &[version, &m.checksum()],
+                &[(version, Type::INT4), (&m.checksum(), Type::BYTEA)],
             )
             .await?;
         }
@@ -180,9 +218,13 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
                 schema.name()
             )
         })?;
-        tx.execute(
+        tx.execute_typed(
             "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-            &[&m.version, &m.name, &m.checksum()],
+            &[
+                (&m.version, Type::INT4),
+                (&m.name, Type::TEXT),
+                (&m.checksum(), Type::BYTEA),
+            ],
         )
         .await?;
     }

@@ -8,6 +8,7 @@
 pub mod connect;
 pub mod migrate;
 pub mod notify;
+pub mod session;
 pub mod tls;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use tokio_postgres::{Client, Notification};
 
 pub use connect::{is_unavailable, reason, Settings};
 pub use migrate::{migrate, SCHEMA_VERSION};
+pub use session::Pooling;
 
 /// The validated schema name and its quoted form for SQL.
 #[derive(Debug, Clone)]
@@ -52,30 +54,37 @@ pub struct Db {
     pub notifications: mpsc::UnboundedReceiver<Notification>,
     pub schema: Schema,
     settings: Arc<Settings>,
+    pooling: Pooling,
 }
 
 impl Db {
     /// Connects and brings the schema up to date.
     pub async fn connect(settings: Settings, schema: Schema) -> Result<Db> {
         let settings = Arc::new(settings);
-        let (client, notifications) = connect::open(&settings).await?;
-        let mut db = Db {
+        let (mut client, notifications, known) = session::open(&settings, None).await?;
+        let statement_timeout = migrate(&mut client, &schema).await?;
+        Ok(Db {
             client,
             notifications,
             schema,
             settings,
-        };
-        migrate(&mut db.client, &db.schema).await?;
-        Ok(db)
+            pooling: session::judge(known, &statement_timeout),
+        })
     }
 
-    /// Opens a fresh connection with the same settings (the schema is already migrated).
+    /// Opens a fresh connection with the same settings (the schema is already migrated, and
+    /// whether a pooler is in between is known).
     pub async fn reconnect(&mut self) -> Result<()> {
-        let (client, notifications) = connect::open(&self.settings).await?;
-        client.batch_execute(connect::SET_STATEMENT_TIMEOUT).await?;
+        let (client, notifications, _) = session::open(&self.settings, Some(self.pooling)).await?;
         self.client = client;
         self.notifications = notifications;
         Ok(())
+    }
+
+    /// Whether LISTEN works on this connection (not behind a transaction-mode pooler); where it
+    /// does not, waiters poll.
+    pub fn can_listen(&self) -> bool {
+        self.pooling == Pooling::Direct
     }
 }
 

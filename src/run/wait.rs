@@ -19,8 +19,11 @@ use crate::signals::Signals;
 use crate::store::leases::{self, Acquired, Lease};
 use crate::store::runs::{self, Outcome};
 
-/// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN is unavailable.
+/// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN failed.
 const WAIT_POLL: Duration = Duration::from_secs(1);
+/// The poll behind a transaction-mode pooler, where LISTEN cannot work: it is the wake-up
+/// latency there, so shorter (one short statement per waiter per interval).
+const POOLED_POLL: Duration = Duration::from_millis(250);
 
 pub(super) enum Obtained {
     /// We hold the lease; the instant is when the acquiring statement was sent; the flag says
@@ -103,7 +106,12 @@ pub(super) async fn obtain(
                 ));
                 // Wake at the holder's expiry or at the fallback poll, unless a release of our
                 // target is announced first.
-                WAIT_POLL.min(holder.expires_in + Duration::from_millis(20))
+                let poll = if db.can_listen() {
+                    WAIT_POLL
+                } else {
+                    POOLED_POLL
+                };
+                poll.min(holder.expires_in + Duration::from_millis(20))
             }
             Err(e) if cfg.wait.is_some() && is_unavailable(&e) => {
                 let backoff = w.outage.map_or(Duration::from_millis(200), |d| {
@@ -187,7 +195,7 @@ impl Waiter {
             Acquired::Busy(None) => return Ok(Attempt::Again),
             Acquired::Busy(Some(h)) => h,
         };
-        if cfg.wait.is_some() && !self.listening {
+        if cfg.wait.is_some() && !self.listening && db.can_listen() {
             self.listening = true;
             // LISTEN may be unavailable (e.g. behind a transaction pooler); polling still works.
             match db::notify::listen(&db.client, &db.schema.lease_channel()).await {

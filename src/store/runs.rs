@@ -451,12 +451,12 @@ pub async fn prune(
                                       WHERE n.target = r.target AND n.finished_at > r.finished_at)";
     if dry_run {
         let row = client
-            .query_one(
+            .query_typed_one(
                 &sql(
                     schema,
                     &format!("SELECT count(*) AS n FROM ({candidates}) c"),
                 ),
-                &[&ms],
+                &[(&ms, Type::INT8)],
             )
             .await
             .context("cannot count old runs")?;
@@ -469,7 +469,7 @@ pub async fn prune(
     let mut total = 0;
     loop {
         let n = client
-            .execute(&delete, &[&ms])
+            .execute_typed(&delete, &[(&ms, Type::INT8)])
             .await
             .context("cannot delete old runs")?;
         total += n;

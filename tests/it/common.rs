@@ -23,6 +23,57 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "dbname=leasectl_test".to_owned())
 }
 
+thread_local! {
+    /// Set by the `via_pooler` copies of tests (see [`via_pooler!`]): every [`Env`] this thread
+    /// creates then points leasectl at the pooler.
+    static THROUGH_POOLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes the [`Env`]s of this thread send leasectl through the transaction-mode pgbouncer that
+/// scripts/test starts (its address in `LEASECTL_TEST_POOLER`, `host:port`).
+pub fn use_pooler() {
+    THROUGH_POOLER.with(|p| p.set(true));
+}
+
+/// The pooler's `host` and `port`; panics with how to get one, so a missing pooler fails loudly.
+pub fn pooler_address() -> (String, String) {
+    let addr = std::env::var("LEASECTL_TEST_POOLER").unwrap_or_else(|_| {
+        panic!(
+            "LEASECTL_TEST_POOLER (host:port of a pgbouncer in transaction mode) is not set: \
+             run the suite with scripts/test, which starts one"
+        )
+    });
+    let (host, port) = addr
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("LEASECTL_TEST_POOLER '{addr}' is not host:port"));
+    (host.to_owned(), port.to_owned())
+}
+
+/// A connection string to the test database through the pooler. `dbname` is a database name
+/// of the pooler's: `leasectl_test`, or `leasectl_test_single`, the same database with a pool of
+/// one server connection (so consecutive clients surely share it).
+pub fn pooler_url(dbname: &str) -> String {
+    let (host, port) = pooler_address();
+    format!("host={host} port={port} dbname={dbname}")
+}
+
+/// Declares, inside a test module, a `via_pooler` module with a copy of each named test that
+/// runs it with leasectl connecting through the pooler (the test's own SQL stays direct).
+#[macro_export]
+macro_rules! via_pooler {
+    ($($test:ident),* $(,)?) => {
+        mod via_pooler {
+            $(
+                #[test]
+                fn $test() {
+                    $crate::common::use_pooler();
+                    super::$test();
+                }
+            )*
+        }
+    };
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -57,7 +108,10 @@ fn ensure_database() {
 
 pub struct Env {
     pub schema: String,
+    /// What leasectl connects to: the test database, directly or through the pooler.
     pub url: String,
+    /// The test database, always directly: for the test's own SQL and clean-up.
+    pub direct_url: String,
     pub dir: tempfile::TempDir,
 }
 
@@ -68,9 +122,15 @@ impl Env {
             "t_{}",
             uuid::Uuid::new_v4().simple().to_string().get(..16).unwrap()
         );
+        let url = if THROUGH_POOLER.with(|p| p.get()) {
+            pooler_url("leasectl_test")
+        } else {
+            database_url()
+        };
         Env {
             schema,
-            url: database_url(),
+            url,
+            direct_url: database_url(),
             dir: tempfile::tempdir().unwrap(),
         }
     }
@@ -115,7 +175,7 @@ impl Env {
 
     /// Runs SQL in this test's schema (search_path set) and returns every row as text.
     pub fn sql(&self, sql: &str) -> Vec<Vec<Option<String>>> {
-        let url = self.url.clone();
+        let url = self.direct_url.clone();
         let full = format!("SET search_path = \"{}\"; {sql}", self.schema);
         runtime().block_on(async move {
             let client = Settings::new(Some(&url))
@@ -164,7 +224,7 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let url = self.url.clone();
+        let url = self.direct_url.clone();
         let drop = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
         runtime().block_on(async move {
             if let Ok(c) = Settings::new(Some(&url)).unwrap().open_client().await {

@@ -312,3 +312,21 @@ fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
     );
     assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "2");
 }
+
+// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// works through a pooler).
+crate::via_pooler!(
+    status_json_has_the_documented_keys_for_held_and_free_targets,
+    runs_lists_newest_first_with_outcomes_and_limit,
+    output_of_a_target_without_runs_exits_1,
+    release_of_a_free_target_says_so,
+    no_event_and_custom_event_types,
+    applications_insert_their_own_events_with_only_the_four_public_columns,
+    two_schemas_do_not_see_each_other,
+    concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed,
+    a_version_1_schema_is_upgraded_in_place_keeping_its_rows,
+    a_schema_newer_than_the_binary_is_refused_with_78,
+    an_applied_migration_whose_text_changed_is_refused_with_78,
+    a_ledger_from_before_checksums_gets_them_on_upgrade_and_they_are_checked,
+    leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire,
+);

@@ -409,3 +409,17 @@ fn waiters_are_woken_by_the_release_not_by_their_fallback_poll() {
         "handover gaps {gaps:?} ms look like polling, not NOTIFY"
     );
 }
+
+// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// works through a pooler).
+crate::via_pooler!(
+    sixteen_simultaneous_runs_exactly_one_runs_the_rest_exit_busy_promptly,
+    exit_codes_and_signals_pass_through_and_are_stored,
+    exec_failures_exit_126_or_127_and_release_the_lease,
+    fences_strictly_increase_across_release_force_release_and_takeover,
+    kill_9_of_the_holder_kills_its_command_and_a_waiter_takes_over_only_after_the_ttl,
+    a_paused_holder_is_taken_over_and_on_resume_stops_its_command_stores_nothing_and_exits_76,
+    three_waiters_serialise_without_overlap,
+    wait_with_a_limit_gives_up_with_the_busy_code,
+    a_result_finished_after_a_takeover_is_fenced_out_by_the_save,
+);

@@ -263,3 +263,14 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
         runs.lines().count()
     );
 }
+
+// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// works through a pooler).
+crate::via_pooler!(
+    eight_concurrent_waiting_callers_run_the_command_once_and_print_the_same_output,
+    a_fresh_result_is_reused_and_an_expired_window_runs_again,
+    a_failed_run_is_not_reused_by_a_caller_that_did_not_wait_for_it,
+    waiters_share_the_failure_of_the_run_they_waited_for,
+    after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all,
+    a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again,
+);
