@@ -85,7 +85,12 @@ pub enum Command {
     Output(OutputArgs),
     /// Break a target's lease (operator use); the next holder still gets a higher fence
     #[command(
-        after_help = "The holder notices at its next heartbeat, stops its command and exits 76.\n\nExample:\n  leasectl release --target nightly-report --force"
+        after_help = "The holder is told at once (NOTIFY on its lease channel): it checks its lease, stops its \
+command (SIGTERM, then SIGKILL after its --kill-after), records the run as `lost` and exits 76. \
+Behind a transaction-mode pooler, where it cannot LISTEN, it notices at its next heartbeat.\n\n\
+release waits until the old holder has recorded its stop, or until its lease would have expired \
+anyway (its TTL after its last heartbeat), and says which happened; --no-wait returns at once.\n\n\
+Example:\n  leasectl release --target nightly-report --force"
     )]
     Release(ReleaseArgs),
     /// Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout
@@ -369,6 +374,9 @@ pub struct ReleaseArgs {
     /// Required: breaking a live lease makes its holder stop
     #[arg(long, required = true)]
     pub force: bool,
+    /// Return once the lease is broken, without waiting for the old holder to stop
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Debug, Args)]

@@ -57,8 +57,14 @@ pub async fn listen(
         .await
 }
 
-/// Stops listening on every channel (a run that got its lease no longer needs the releases of
-/// other targets queued for it).
-pub async fn unlisten_all(client: &tokio_postgres::Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute("UNLISTEN *").await
+/// Resolves when a notification with `payload` (a release of that target, on the lease
+/// channel) arrives, discarding the others. If the stream ended (the connection is gone), never
+/// resolves: polling takes over. Cancel-safe.
+pub async fn announced(rx: &mut mpsc::UnboundedReceiver<Notification>, payload: &str) {
+    while let Some(n) = rx.recv().await {
+        if n.payload() == payload {
+            return;
+        }
+    }
+    std::future::pending::<()>().await
 }

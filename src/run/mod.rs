@@ -97,8 +97,11 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
                 Obtained::Done(exit) => return Ok(exit),
             };
         info!("acquired '{}' (fence {})", lease.target, lease.fence);
-        let hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
-        match prepare(&mut db, &cfg, &lease, &hb, listening, &mut signals).await? {
+        let mut hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
+        if db.can_listen() {
+            hb.watch_releases(listening);
+        }
+        match prepare(&mut db, &cfg, &lease, &hb, &mut signals).await? {
             Prepared::Spawn => {
                 return execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
             }
@@ -145,8 +148,8 @@ enum Prepared {
     TooLate { why: String, silent_db: bool },
 }
 
-/// Between acquiring and spawning: stop listening for releases and, with `--reuse-within`,
-/// look once more for a result that was stored while we acquired.
+/// Between acquiring and spawning: forget the releases announced while we waited and, with
+/// `--reuse-within`, look once more for a result that was stored while we acquired.
 ///
 /// The lease was confirmed when the acquiring statement was sent; the heartbeat schedule's
 /// `stop_at` is the last moment at which a command spawned now could still be stopped before
@@ -159,19 +162,13 @@ async fn prepare(
     cfg: &RunConfig,
     lease: &Lease,
     hb: &Heartbeat<'_>,
-    listening: bool,
     signals: &mut Signals,
 ) -> Result<Prepared> {
     let until = hb.stop_at();
     let checks = async {
-        if listening {
-            // Stop queueing other targets' releases for the rest of a long run.
-            bounded(until, async {
-                Ok(crate::db::notify::unlisten_all(&db.client).await?)
-            })
-            .await?;
-            while db.notifications.try_recv().is_ok() {}
-        }
+        // Releases announced while we waited are old news; the heartbeat keeps listening
+        // for the next one (a `release --force` of our own target).
+        while db.notifications.try_recv().is_ok() {}
         match cfg.reuse_within {
             // A run may have finished between our reuse check and the acquisition.
             Some(within) => {

@@ -131,7 +131,7 @@ pub(super) async fn obtain(
         };
         let woken = async {
             tokio::select! {
-                _ = released(&mut db.notifications, &cfg.target) => {}
+                _ = db::notify::announced(&mut db.notifications, &cfg.target) => {}
                 _ = sleep(wake) => {}
             }
         };
@@ -237,20 +237,6 @@ impl Waiter {
             }
         }
     }
-}
-
-/// Resolves when a release of `target` is announced. If the connection's notification stream
-/// ended, never resolves: polling takes over.
-async fn released(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>,
-    target: &str,
-) {
-    while let Some(n) = rx.recv().await {
-        if n.payload() == target {
-            return;
-        }
-    }
-    std::future::pending::<()>().await
 }
 
 /// Singleflight: if the run we waited for has finished with a result, print its stdout and

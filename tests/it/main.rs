@@ -18,6 +18,7 @@ mod lease;
 mod pooler;
 mod relay;
 mod relay_sinks;
+mod release;
 mod safety;
 mod singleflight;
 mod sink_brokers;
