@@ -28,8 +28,6 @@ pub enum Object {
     Schema,
     /// A table of the schema.
     Table(&'static str),
-    /// A function of the schema, with its argument types (GRANT names a function by them).
-    Function(&'static str, &'static str),
 }
 
 /// Privileges on one object.
@@ -43,10 +41,10 @@ const READ_WRITE: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
 
 /// Everything a role needs to run every command but `migrate` of an out-of-date schema.
 ///
-/// Not here, because PostgreSQL checks nothing for them: the sequence behind `outbox.seq` (an
-/// identity column's sequence needs no grant) and the trigger function `outbox_notify` (EXECUTE
-/// is checked when a trigger is created, not when it fires). `rfc3339` is granted although
-/// PUBLIC may execute functions by default: an operator may have revoked that.
+/// Nothing else is needed, even where PUBLIC's default EXECUTE on functions was revoked: the
+/// sequence behind `outbox.seq` needs no grant (an identity column's), nor does the trigger
+/// function `outbox_notify` (EXECUTE is checked when a trigger is created, not when it fires),
+/// and leasectl never calls `rfc3339` (it is there for SQL that reads the outbox).
 pub const GRANTS: &[Grant] = &[
     Grant {
         privileges: &["USAGE"],
@@ -69,10 +67,6 @@ pub const GRANTS: &[Grant] = &[
         privileges: READ_WRITE,
         on: Object::Table("outbox"),
     },
-    Grant {
-        privileges: &["EXECUTE"],
-        on: Object::Function("rfc3339", "timestamptz"),
-    },
 ];
 
 impl Object {
@@ -81,7 +75,6 @@ impl Object {
         match self {
             Object::Schema => "schema",
             Object::Table(_) => "table",
-            Object::Function(..) => "function",
         }
     }
 
@@ -89,18 +82,15 @@ impl Object {
     fn name(self, schema: &Schema) -> &str {
         match self {
             Object::Schema => schema.name(),
-            Object::Table(n) | Object::Function(n, _) => n,
+            Object::Table(n) => n,
         }
     }
 
-    /// The object as GRANT names it, quoted: `"s"`, `"s"."t"`, `"s"."f"(timestamptz)`.
+    /// The object as GRANT names it, quoted: `"s"`, `"s"."t"`.
     fn qualified(self, schema: &Schema) -> String {
         match self {
             Object::Schema => schema.sql("{s}"),
             Object::Table(t) => format!("{}.{}", schema.sql("{s}"), quote_ident(t)),
-            Object::Function(f, args) => {
-                format!("{}.{}({args})", schema.sql("{s}"), quote_ident(f))
-            }
         }
     }
 }
@@ -119,7 +109,8 @@ pub fn script(schema: &Schema, role: &str) -> String {
 -- Run as the schema's owner, after `leasectl migrate` as that owner, e.g.
 --   {hint} | psql -v ON_ERROR_STOP=1
 -- and again after every `leasectl migrate` that adds tables (a newer leasectl may need more).
--- The role also needs CONNECT on the database (PUBLIC has it unless revoked).
+-- The role also needs CONNECT on the database (PUBLIC has it unless revoked); no function or
+-- sequence of the schema needs a grant.
 -- `leasectl relay` vacuums the outbox after heavy draining; VACUUM needs ownership of the table
 -- (PostgreSQL 15 and 16), which no grant gives, so a relay running as this role skips it (one
 -- notice per relay) and leaves the outbox to autovacuum.
@@ -222,29 +213,22 @@ async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
     let mut checks = Vec::new();
     for (i, g) in GRANTS.iter().enumerate() {
         for p in g.privileges {
-            let (kind, name, args) = match g.on {
-                Object::Schema => ("schema", "", ""),
-                Object::Table(t) => ("table", t, ""),
-                Object::Function(f, a) => ("function", f, a),
+            let name = match g.on {
+                Object::Schema => "",
+                Object::Table(t) => t,
             };
-            checks.push(format!("({i}, '{kind}', '{name}', '{args}', '{p}')"));
+            checks.push(format!("({i}, '{}', '{name}', '{p}')", g.on.kind()));
         }
     }
     let sql = format!(
         "SELECT g.i, g.privilege
-           FROM (VALUES {}) AS g(i, kind, name, args, privilege)
+           FROM (VALUES {}) AS g(i, kind, name, privilege)
            JOIN pg_namespace n ON n.nspname = $1
           WHERE NOT CASE g.kind
                 WHEN 'schema' THEN has_schema_privilege(n.oid, g.privilege)
-                WHEN 'table' THEN has_table_privilege(
+                ELSE has_table_privilege(
                     (SELECT c.oid FROM pg_class c
                       WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege)
-                ELSE has_function_privilege(
-                    (SELECT p.oid FROM pg_proc p
-                      WHERE p.pronamespace = n.oid AND p.proname = g.name
-                        AND oidvectortypes(p.proargtypes)
-                            = array_to_string(string_to_array(g.args, ',')::regtype[], ', ')),
-                    g.privilege)
                 END
           ORDER BY g.i",
         checks.join(", ")
@@ -300,17 +284,15 @@ fn message(schema: &Schema, refusal: &str, role: Option<&str>, missing: &[Missin
 mod tests {
     use super::*;
 
-    /// Functions the migrations create that need no grant (see [`GRANTS`]).
-    const UNGRANTED_FUNCTIONS: &[&str] = &["outbox_notify"];
+    /// Functions the migrations create, none of which needs a grant (see [`GRANTS`]).
+    const UNGRANTED_FUNCTIONS: &[&str] = &["outbox_notify", "rfc3339"];
 
     #[test]
     fn the_grants_cover_every_table_and_function_the_migrations_create() {
-        let granted = |kind: &str, name: &str| {
-            GRANTS.iter().any(|g| match g.on {
-                Object::Table(t) => kind == "TABLE" && t == name,
-                Object::Function(f, _) => kind == "FUNCTION" && f == name,
-                Object::Schema => false,
-            })
+        let granted = |table: &str| {
+            GRANTS
+                .iter()
+                .any(|g| matches!(g.on, Object::Table(t) if t == table))
         };
         for m in super::super::MIGRATIONS {
             let words: Vec<&str> = m.sql.split_whitespace().collect();
@@ -320,10 +302,10 @@ mod tests {
                 }
                 let name = w[2].split('(').next().unwrap_or_default();
                 match w[1] {
-                    "TABLE" => assert!(granted("TABLE", name), "no grant for table {name}"),
+                    "TABLE" => assert!(granted(name), "no grant for table {name}"),
                     "FUNCTION" => assert!(
-                        granted("FUNCTION", name) || UNGRANTED_FUNCTIONS.contains(&name),
-                        "no grant for function {name}"
+                        UNGRANTED_FUNCTIONS.contains(&name),
+                        "function {name}: does the role need EXECUTE on it?"
                     ),
                     "SEQUENCE" | "VIEW" | "TYPE" => {
                         panic!(
@@ -347,7 +329,6 @@ mod tests {
         assert!(s.contains(
             "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE \"lc_1\".\"leases\" TO \"we\"\"ird role\";"
         ));
-        assert!(s.contains("GRANT EXECUTE ON FUNCTION \"lc_1\".\"rfc3339\"(timestamptz) TO"));
         assert!(s.contains("--print-grants 'we\"ird role' | psql"), "{s}");
         assert!(s.starts_with("--") && s.ends_with("COMMIT;\n"));
     }
