@@ -15,6 +15,7 @@ mod faults;
 mod harness;
 mod inspect;
 mod lease;
+mod privileges;
 mod relay;
 mod relay_sinks;
 mod safety;
