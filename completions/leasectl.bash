@@ -376,12 +376,16 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__migrate)
-            opts="-v -h -V --database-url --schema --verbose --help --version"
+            opts="-v -h -V --print-grants --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --print-grants)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -37,7 +37,7 @@ complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "release" -d 'Brea
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
-complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l target -d 'What to hold the lease on: 1–200 characters, no control characters' -r
@@ -139,6 +139,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l dry-run -d '
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l print-grants -d 'Print the SQL (GRANTs) that lets ROLE use the schema without owning it; no connection' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s v -l verbose -d 'Log lease transitions and retries to stderr'
@@ -157,7 +158,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_s
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "completions" -d 'Print shell completions'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'

@@ -27,8 +27,9 @@ Connection: --database-url, else DATABASE_URL, else PGHOST/PGPORT/PGUSER/PGPASSW
 PGSSLMODE, else the local socket as the current user (what `psql` alone would reach).
 
 Exit codes: the child's code (128+N if signal N killed it); 2 usage; 69 database unavailable;
-70 internal error; 75 busy; 76 lease lost; 78 schema newer than leasectl; 124 --timeout;
-126/127 command not executable / not found; 128+N leasectl received signal N.";
+70 internal error; 75 busy; 76 lease lost; 77 the role lacks a privilege (or may not migrate);
+78 schema newer than leasectl; 124 --timeout; 126/127 command not executable / not found;
+128+N leasectl received signal N.";
 
 #[derive(Debug, Parser)]
 #[command(name = "leasectl", version, about = ABOUT, after_help = AFTER_HELP)]
@@ -102,9 +103,9 @@ Example:\n  leasectl release --target nightly-report --force"
     /// Delete runs older than a given age (each target keeps its newest run)
     #[command(after_help = PRUNE_HELP)]
     Prune(PruneArgs),
-    /// Apply pending schema migrations (every command also does this itself)
-    #[command(after_help = "Example:\n  leasectl --database-url postgres://app@db/app migrate")]
-    Migrate,
+    /// Apply pending schema migrations (every command also does this itself), or print grants
+    #[command(after_help = MIGRATE_HELP)]
+    Migrate(MigrateArgs),
     /// Print shell completions
     #[command(
         after_help = "Examples:\n  leasectl completions bash > /etc/bash_completion.d/leasectl\n  leasectl completions zsh > ~/.zfunc/_leasectl"
@@ -126,7 +127,7 @@ Examples:
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
 the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
-2 usage; 69 database down or silent; 70 internal error.";
+2 usage; 69 database down or silent; 70 internal error; 77 the role lacks a privilege.";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -210,7 +211,40 @@ Examples:
 
 Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
 events went dead during the pass; 2 usage; 69 database unreachable, or the sink unreachable with
---once (or stdout closed); 70 internal.";
+--once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
+
+const MIGRATE_HELP: &str = "\
+Run it as the role that owns the schema (or may create it). Other roles need not own anything:
+--print-grants prints the SQL that lets one use every command; the owner applies it. Such a role
+cannot create or upgrade the schema: after upgrading leasectl, the owner runs `migrate` first.
+
+Examples:
+  leasectl --database-url postgres://owner@db/app migrate
+  leasectl migrate --print-grants app | psql -v ON_ERROR_STOP=1 postgres://owner@db/app
+
+Exit codes: 0 done; 2 usage; 69 database unavailable; 70 internal error; 77 the role may not
+create or upgrade the schema; 78 schema newer than leasectl.";
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Print the SQL (GRANTs) that lets ROLE use the schema without owning it; no connection
+    #[arg(long, value_name = "ROLE", value_parser = parse_role)]
+    pub print_grants: Option<String>,
+}
+
+/// A role name for `--print-grants`: quoted in the SQL, so any text PostgreSQL accepts as a
+/// name, except `public` (quoted or not, GRANT reads it as every role).
+fn parse_role(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 63 || s.chars().any(char::is_control) {
+        return Err(format!(
+            "'{s}' is not a role name (1–63 bytes, no control characters)"
+        ));
+    }
+    if s == "public" {
+        return Err("'public' would grant to every role; name one role".to_owned());
+    }
+    Ok(s.to_owned())
+}
 
 const OUTBOX_HELP: &str = "\
 Examples:

@@ -24,6 +24,8 @@ pub enum Exit {
     Busy(u8),
     /// 76: the lease was lost during the run; the child was stopped; nothing but a `lost` record stored.
     LeaseLost,
+    /// 77: the role lacks a privilege it needs, or may not create or upgrade the schema.
+    NoPermission,
     /// 78: the database schema is newer than this binary, or was migrated differently.
     SchemaTooNew,
     /// 124: `--timeout` expired.
@@ -40,6 +42,7 @@ impl Exit {
     pub const INTERNAL: u8 = 70;
     pub const BUSY: u8 = 75;
     pub const LEASE_LOST: u8 = 76;
+    pub const NO_PERMISSION: u8 = 77;
     pub const SCHEMA_TOO_NEW: u8 = 78;
     pub const TIMED_OUT: u8 = 124;
     pub const NOT_EXECUTABLE: u8 = 126;
@@ -53,6 +56,7 @@ impl Exit {
             Exit::Unavailable => Self::UNAVAILABLE,
             Exit::Internal => Self::INTERNAL,
             Exit::LeaseLost => Self::LEASE_LOST,
+            Exit::NoPermission => Self::NO_PERMISSION,
             Exit::SchemaTooNew => Self::SCHEMA_TOO_NEW,
             Exit::TimedOut => Self::TIMED_OUT,
             Exit::NotExecutable => Self::NOT_EXECUTABLE,
@@ -65,14 +69,19 @@ impl Exit {
         Exit::Code(signal_code(signo))
     }
 
-    /// Maps an error to its exit code: typed failures to theirs, everything else to 70.
+    /// Maps an error to its exit code: typed failures to theirs, the database's "permission
+    /// denied" to 77, everything else to 70.
     pub fn from_error(err: &anyhow::Error) -> Exit {
+        if crate::error::permission_denied(err).is_some() {
+            return Exit::NoPermission;
+        }
         for cause in err.chain() {
             if let Some(f) = cause.downcast_ref::<Failure>() {
                 return match f {
                     Failure::Usage(_) => Exit::Usage,
                     Failure::Unavailable(_) => Exit::Unavailable,
                     Failure::SchemaTooNew(_) => Exit::SchemaTooNew,
+                    Failure::Permission(_) => Exit::NoPermission,
                 };
             }
             if let Some(e) = cause.downcast_ref::<tokio_postgres::Error>() {
@@ -154,5 +163,7 @@ mod tests {
         assert_eq!(Exit::from_error(&e), Exit::Unavailable);
         assert_eq!(Exit::from_error(&usage("bad")), Exit::Usage);
         assert_eq!(Exit::from_error(&anyhow::anyhow!("boom")), Exit::Internal);
+        let denied = anyhow::Error::from(Failure::Permission("x".into()));
+        assert_eq!(Exit::from_error(&denied).code(), 77);
     }
 }

@@ -14,13 +14,14 @@ pub mod status;
 use anyhow::Result;
 
 use crate::cli::{Cli, Command, DbArgs};
+use crate::db::migrate::grants;
 use crate::db::{Db, Schema, Settings};
 use crate::exit::Exit;
 
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> Result<Exit> {
     let db = &cli.db;
-    match cli.command {
+    let outcome = match cli.command {
         Command::Run(a) => run::run(db, a).await,
         Command::Status(a) => status::run(db, a).await,
         Command::Runs(a) => runs::run(db, a).await,
@@ -29,8 +30,15 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Relay(a) => relay::run(db, a).await,
         Command::Outbox(a) => outbox::run(db, a).await,
         Command::Prune(a) => prune::run(db, a).await,
-        Command::Migrate => migrate::run(db).await,
+        Command::Migrate(a) => migrate::run(db, a).await,
         Command::Completions(a) => completions::run(a),
+    };
+    // The one place a "permission denied" becomes a line naming the privilege (exit 77).
+    match outcome {
+        Err(e) => {
+            Err(grants::explain(db.database_url.as_deref(), &Schema::new(&db.schema), e).await)
+        }
+        done => done,
     }
 }
 

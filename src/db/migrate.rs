@@ -5,6 +5,12 @@
 //! refused (exit 78), as sqlx refuses an edited migration: the schema it has is not the one
 //! this binary was tested against. A database newer than the binary is refused too. Ledgers
 //! written before checksums existed (versions 1 and 2) get them recorded on the next upgrade.
+//!
+//! Only a role that may create the schema (or owns it) can apply migrations; any other role
+//! needs [`grants`] from the owner and is told, exit 77, to have an operator run `leasectl
+//! migrate` when the schema is missing or out of date.
+
+pub mod grants;
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha384};
@@ -66,7 +72,7 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
                FROM {s}.schema_migrations ORDER BY version",
         ))
         .await;
-    match probe {
+    let found = match probe {
         Ok(msgs) => {
             let rows = || {
                 msgs.iter().filter_map(|m| match m {
@@ -90,25 +96,20 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
             if current == Some(SCHEMA_VERSION) && all_summed {
                 return Ok(timeout);
             }
+            current.map_or(Found::NoLedger, Found::Version)
         }
-        // No schema or ledger yet, or a ledger from before checksums: the locked path below
-        // creates or upgrades it.
+        // No schema or ledger yet (a missing schema is reported either way), or a ledger from
+        // before checksums: the locked path creates or upgrades it.
         Err(e)
             if matches!(e.code(), Some(c) if *c == SqlState::UNDEFINED_TABLE
-                || *c == SqlState::INVALID_SCHEMA_NAME
-                || *c == SqlState::UNDEFINED_COLUMN) => {}
-        Err(e) => return Err(e).context("cannot read the schema version"),
-    }
-    // Two first users of a schema serialise on the advisory lock, but the second may still
-    // trip over the first's `CREATE SCHEMA IF NOT EXISTS` (seen behind pgbouncer: the waiting
-    // backend's catalog cache predates the other's commit). A fresh transaction sees it.
-    let mut attempt = 1;
-    while let Err(e) = apply_migrations(client, schema).await {
-        if attempt == 3 || !created_concurrently(&e) {
-            return Err(e);
+                || *c == SqlState::INVALID_SCHEMA_NAME) =>
+        {
+            Found::NoLedger
         }
-        attempt += 1;
-    }
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => Found::Version(0),
+        Err(e) => return Err(e).context("cannot read the schema version"),
+    };
+    upgrade(client, schema, found).await?;
     let shown = client.simple_query("SHOW statement_timeout").await?;
     Ok(shown
         .iter()
@@ -118,6 +119,76 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
         })
         .unwrap_or_default())
 }
+
+/// [`apply_migrations`], again when it lost a race it cannot lose twice: two first users of a
+/// schema serialise on the advisory lock, but the second may still trip over the first's
+/// `CREATE SCHEMA`/`CREATE TABLE` (seen behind pgbouncer: the waiting backend's catalog cache
+/// predates the other's commit). A fresh transaction sees what the other created.
+async fn apply_retrying(client: &mut Client, schema: &Schema) -> Result<()> {
+    let mut attempt = 1;
+    loop {
+        match apply_migrations(client, schema).await {
+            Err(e) if attempt < 3 && created_concurrently(&e) => attempt += 1,
+            done => return done,
+        }
+    }
+}
+
+/// What the version probe found when the schema needs creating or upgrading.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    /// No ledger, perhaps no schema.
+    NoLedger,
+    /// The ledger's newest version; 0 for a ledger from before checksums.
+    Version(i32),
+}
+
+/// Applies the pending migrations. A role that may not (it neither owns the schema nor may
+/// create it) is told, in one line and exit 77, to have the owner run `leasectl migrate`.
+async fn upgrade(client: &mut Client, schema: &Schema, found: Found) -> Result<()> {
+    let err = match apply_retrying(client, schema).await {
+        Err(e) if crate::error::permission_denied(&e).is_some() => e,
+        done => return done,
+    };
+    let why = crate::error::permission_denied(&err)
+        .map_or_else(String::new, |d| format!(" ({})", d.message()));
+    // The transaction is rolled back; the session still answers.
+    let role = grants::current_role(client).await.map_or_else(
+        || "this role".to_owned(),
+        |r| format!("role {}", grants::quote_ident(&r)),
+    );
+    let name = schema.name();
+    let state = match found {
+        Found::NoLedger if !schema_exists(client, schema).await => {
+            format!("schema \"{name}\" does not exist and {role} may not create it")
+        }
+        Found::NoLedger => {
+            format!("schema \"{name}\" has no leasectl tables and {role} may not create them")
+        }
+        Found::Version(v) if v > 0 && v < SCHEMA_VERSION => format!(
+            "schema \"{name}\" is at version {v}, older than this leasectl ({SCHEMA_VERSION}), and {role} may not upgrade it"
+        ),
+        Found::Version(_) => format!(
+            "schema \"{name}\" needs its migration ledger upgraded and {role} may not do it"
+        ),
+    };
+    Err(Failure::Permission(format!(
+        "{state}{why}: ask an operator to run `{}` as the schema owner",
+        grants::leasectl_command(schema, "migrate")
+    ))
+    .into())
+}
+
+/// Whether `schema` exists (for messages; `true` when it cannot be told).
+async fn schema_exists(client: &Client, schema: &Schema) -> bool {
+    client
+        .query_typed_one(SCHEMA_EXISTS, &[(&schema.name(), Type::TEXT)])
+        .await
+        .and_then(|r| r.try_get(0))
+        .unwrap_or(true)
+}
+
+const SCHEMA_EXISTS: &str = "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)";
 
 /// Refuses a ledger that is newer than this binary or names a migration whose text changed.
 /// `None` checksums (recorded before checksums existed) pass; the upgrade fills them in.
@@ -173,9 +244,19 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     )
     .await
     .context("cannot take the migration lock")?;
+    // CREATE SCHEMA, even with IF NOT EXISTS, needs CREATE on the database: only when the
+    // schema is missing, so a role that owns a schema an operator made for it can migrate it.
+    let exists: bool = tx
+        .query_typed_one(SCHEMA_EXISTS, &[(&schema.name(), Type::TEXT)])
+        .await?
+        .try_get(0)?;
+    if !exists {
+        tx.batch_execute(&schema.sql("CREATE SCHEMA IF NOT EXISTS {s}"))
+            .await
+            .with_context(|| format!("cannot create schema \"{}\"", schema.name()))?;
+    }
     tx.batch_execute(&schema.sql(
-        "CREATE SCHEMA IF NOT EXISTS {s};
-         CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
+        "CREATE TABLE IF NOT EXISTS {s}.schema_migrations (
              version    integer     PRIMARY KEY,
              name       text        NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now()
@@ -186,7 +267,7 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
          SET LOCAL search_path = {s};",
     ))
     .await
-    .with_context(|| format!("cannot create schema \"{}\"", schema.name()))?;
+    .with_context(|| format!("cannot create the ledger in schema \"{}\"", schema.name()))?;
     let applied: Vec<(i32, Option<Vec<u8>>)> = tx
         .query_typed(
             "SELECT version, checksum FROM schema_migrations ORDER BY version",

@@ -317,10 +317,15 @@ impl Relay {
         self.since_vacuum = 0;
         let started = Instant::now();
         match outbox::vacuum(&db.client, &db.schema).await {
-            Ok(()) => info!(
+            Ok(true) => info!(
                 "vacuumed the outbox in {}",
                 fmt::duration(started.elapsed())
             ),
+            // Once per relay: the role stays what it is.
+            Ok(false) => {
+                say!("notice: this role may not VACUUM the outbox (it needs the table's ownership); leaving it to autovacuum");
+                self.vacuum = false;
+            }
             Err(e) => {
                 info!(
                     "cannot vacuum the outbox ({}); leaving it to autovacuum",

@@ -259,11 +259,31 @@ pub async fn settle(
     result
 }
 
-/// Vacuums the outbox so it and its indexes stay small after heavy draining.
-pub async fn vacuum(client: &Client, schema: &Schema) -> Result<(), tokio_postgres::Error> {
-    client
-        .batch_execute(&sql(schema, "VACUUM (SKIP_LOCKED) {s}.outbox"))
-        .await
+/// Vacuums the outbox so it and its indexes stay small after heavy draining. Returns `false`,
+/// without vacuuming, when the role may not: VACUUM needs the table's (or the database's)
+/// owner, or from PostgreSQL 17 the MAINTAIN privilege, and without it only warns and skips the
+/// table — a warning the relay would never see.
+pub async fn vacuum(client: &Client, schema: &Schema) -> Result<bool, tokio_postgres::Error> {
+    let may = client
+        .query_one(
+            &sql(
+                schema,
+                "SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+                        OR CASE WHEN current_setting('server_version_num')::int >= 170000
+                                THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END
+                   FROM pg_class c, pg_database d
+                  WHERE c.oid = '{s}.outbox'::regclass AND d.datname = current_database()",
+            ),
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    if may {
+        client
+            .batch_execute(&sql(schema, "VACUUM (SKIP_LOCKED) {s}.outbox"))
+            .await?;
+    }
+    Ok(may)
 }
 
 /// What happened to one claimed event, decided by the relay.

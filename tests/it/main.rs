@@ -16,6 +16,7 @@ mod harness;
 mod inspect;
 mod lease;
 mod pooler;
+mod privileges;
 mod relay;
 mod relay_sinks;
 mod release;

@@ -1,0 +1,373 @@
+//! Least privilege: what a role that does not own the schema needs, and what to tell it when it
+//! lacks some of it.
+//!
+//! The contract: an operator runs `leasectl migrate` as the schema's owner, then applies
+//! [`script`] (`leasectl migrate --print-grants ROLE`); ROLE can then run every command. ROLE
+//! cannot create or upgrade the schema, so an upgrade of leasectl starts with the owner's
+//! `leasectl migrate` again. [`GRANTS`] lists the privileges object by object; a unit test checks
+//! that it covers every table and function the migrations create.
+//!
+//! PostgreSQL's own refusal says only "permission denied for table leases". [`explain`] asks
+//! the catalog which of [`GRANTS`] the role lacks and names them, with the fix (exit 77).
+
+use std::time::Duration;
+
+use anyhow::Result;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
+
+use crate::db::{Schema, Settings};
+use crate::error::Failure;
+
+/// `--schema`'s default: the hint leaves the flag out for it.
+const DEFAULT_SCHEMA: &str = "leasectl";
+
+/// A schema object leasectl's role needs privileges on.
+#[derive(Debug, Clone, Copy)]
+pub enum Object {
+    /// The schema itself.
+    Schema,
+    /// A table of the schema.
+    Table(&'static str),
+}
+
+/// Privileges on one object.
+#[derive(Debug)]
+pub struct Grant {
+    pub privileges: &'static [&'static str],
+    pub on: Object,
+}
+
+const READ_WRITE: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
+
+/// Everything a role needs to run every command but `migrate` of an out-of-date schema.
+///
+/// Nothing else is needed, even where PUBLIC's default EXECUTE on functions was revoked: the
+/// sequence behind `outbox.seq` needs no grant (an identity column's), nor does the trigger
+/// function `outbox_notify` (EXECUTE is checked when a trigger is created, not when it fires),
+/// and leasectl never calls `rfc3339` (it is there for SQL that reads the outbox).
+pub const GRANTS: &[Grant] = &[
+    Grant {
+        privileges: &["USAGE"],
+        on: Object::Schema,
+    },
+    // Every command reads the ledger to check the schema version; only the owner writes it.
+    Grant {
+        privileges: &["SELECT"],
+        on: Object::Table("schema_migrations"),
+    },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("leases"),
+    },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("runs"),
+    },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("outbox"),
+    },
+];
+
+impl Object {
+    /// The word PostgreSQL uses for the kind, in GRANT and in "permission denied for …".
+    fn kind(self) -> &'static str {
+        match self {
+            Object::Schema => "schema",
+            Object::Table(_) => "table",
+        }
+    }
+
+    /// The unqualified name PostgreSQL's refusal uses.
+    fn name(self, schema: &Schema) -> &str {
+        match self {
+            Object::Schema => schema.name(),
+            Object::Table(n) => n,
+        }
+    }
+
+    /// The object as GRANT names it, quoted: `"s"`, `"s"."t"`.
+    fn qualified(self, schema: &Schema) -> String {
+        match self {
+            Object::Schema => schema.sql("{s}"),
+            Object::Table(t) => format!("{}.{}", schema.sql("{s}"), quote_ident(t)),
+        }
+    }
+}
+
+/// `name` as a quoted SQL identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The SQL an operator runs as the schema's owner so that `role` can use every command
+/// (`leasectl migrate --print-grants ROLE`).
+pub fn script(schema: &Schema, role: &str) -> String {
+    let role_sql = quote_ident(role);
+    let mut out = format!(
+        "-- Lets role {role_sql} use leasectl's schema {schema_sql} (version {version}) without owning it.
+-- Run as the schema's owner, after `leasectl migrate` as that owner, e.g.
+--   {hint} | psql -v ON_ERROR_STOP=1
+-- and again after every `leasectl migrate` that adds tables (a newer leasectl may need more).
+-- The role also needs CONNECT on the database (PUBLIC has it unless revoked); no function or
+-- sequence of the schema needs a grant.
+-- `leasectl relay` vacuums the outbox after heavy draining; VACUUM needs ownership of the table
+-- (PostgreSQL 15 and 16), which no grant gives, so a relay running as this role skips it (one
+-- notice per relay) and leaves the outbox to autovacuum.
+BEGIN;
+",
+        schema_sql = schema.sql("{s}"),
+        version = super::SCHEMA_VERSION,
+        hint = print_grants_command(schema, role),
+    );
+    for g in GRANTS {
+        out.push_str(&format!(
+            "GRANT {} ON {} {} TO {role_sql};\n",
+            g.privileges.join(", "),
+            g.on.kind().to_uppercase(),
+            g.on.qualified(schema)
+        ));
+    }
+    out.push_str("COMMIT;\n");
+    out
+}
+
+/// `leasectl [--schema S] ARGS`: `--schema` only when it is not the default. (Schema names are
+/// letters, digits and underscores: safe in a shell as they are.)
+pub fn leasectl_command(schema: &Schema, args: &str) -> String {
+    if schema.name() == DEFAULT_SCHEMA {
+        format!("leasectl {args}")
+    } else {
+        format!("leasectl --schema {} {args}", schema.name())
+    }
+}
+
+/// `leasectl [--schema S] migrate --print-grants ROLE`, safe to paste into a shell.
+fn print_grants_command(schema: &Schema, role: &str) -> String {
+    let plain = !role.is_empty()
+        && role
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.@".contains(&b));
+    let role = if plain {
+        role.to_owned()
+    } else {
+        format!("'{}'", role.replace('\'', "'\\''"))
+    };
+    leasectl_command(schema, &format!("migrate --print-grants {role}"))
+}
+
+/// One object's privileges that the role lacks.
+#[derive(Debug, Clone, PartialEq)]
+struct Missing {
+    kind: &'static str,
+    /// Unqualified, as PostgreSQL's refusal names it.
+    name: String,
+    qualified: String,
+    privileges: Vec<&'static str>,
+}
+
+/// How long the look-up behind a "permission denied" may take before the message goes out
+/// without it.
+const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Rewrites a "permission denied" in `err` into one line naming the privileges the role lacks
+/// and the object, and who can fix it ([`Failure::Permission`], exit 77); any other error is
+/// returned as it is.
+///
+/// The failed statement's connection is gone by now, so this opens one more (only on this
+/// path) to ask the catalog. Should that fail, the line carries PostgreSQL's own words.
+pub async fn explain(
+    database_url: Option<&str>,
+    schema: &Schema,
+    err: anyhow::Error,
+) -> anyhow::Error {
+    let Some(denied) = crate::error::permission_denied(&err) else {
+        return err;
+    };
+    let refusal = denied.message().to_owned();
+    let lookup = async {
+        let client = Settings::new(database_url)?.open_client().await?;
+        let role = current_role(&client).await;
+        anyhow::Ok((role, missing(&client, schema).await?))
+    };
+    let (role, missing) = match tokio::time::timeout(LOOKUP_DEADLINE, lookup).await {
+        Ok(Ok(found)) => found,
+        _ => (None, Vec::new()),
+    };
+    Failure::Permission(message(schema, &refusal, role.as_deref(), &missing)).into()
+}
+
+/// The role this session runs as, for messages; `None` if even that cannot be asked.
+pub async fn current_role(client: &Client) -> Option<String> {
+    let row = client
+        .query_typed_one("SELECT current_user::text", &[])
+        .await
+        .ok()?;
+    row.try_get(0).ok()
+}
+
+/// The privileges of [`GRANTS`] the session's role lacks, object by object, in [`GRANTS`]'s
+/// order. Objects that do not exist are skipped (that is a migration problem, not a grant). The
+/// catalog is read by OID, which needs no privilege on the schema.
+async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
+    let mut checks = Vec::new();
+    for (i, g) in GRANTS.iter().enumerate() {
+        for p in g.privileges {
+            let name = match g.on {
+                Object::Schema => "",
+                Object::Table(t) => t,
+            };
+            checks.push(format!("({i}, '{}', '{name}', '{p}')", g.on.kind()));
+        }
+    }
+    let sql = format!(
+        "SELECT g.i, g.privilege
+           FROM (VALUES {}) AS g(i, kind, name, privilege)
+           JOIN pg_namespace n ON n.nspname = $1
+          WHERE NOT CASE g.kind
+                WHEN 'schema' THEN has_schema_privilege(n.oid, g.privilege)
+                ELSE has_table_privilege(
+                    (SELECT c.oid FROM pg_class c
+                      WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege)
+                END
+          ORDER BY g.i",
+        checks.join(", ")
+    );
+    let rows = client
+        .query_typed(&sql, &[(&schema.name(), Type::TEXT)])
+        .await?;
+    let mut out: Vec<(usize, Missing)> = Vec::new();
+    for row in rows {
+        let i = usize::try_from(row.try_get::<_, i32>(0)?)?;
+        let privilege: String = row.try_get(1)?;
+        let Some(g) = GRANTS.get(i) else { continue };
+        let Some(&p) = g.privileges.iter().find(|p| **p == privilege) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some((j, m)) if *j == i => m.privileges.push(p),
+            _ => out.push((
+                i,
+                Missing {
+                    kind: g.on.kind(),
+                    name: g.on.name(schema).to_owned(),
+                    qualified: g.on.qualified(schema),
+                    privileges: vec![p],
+                },
+            )),
+        }
+    }
+    Ok(out.into_iter().map(|(_, m)| m).collect())
+}
+
+/// The one line for a refusal: the object PostgreSQL named if the role lacks privileges on it,
+/// else the first object it lacks privileges on, else PostgreSQL's words.
+fn message(schema: &Schema, refusal: &str, role: Option<&str>, missing: &[Missing]) -> String {
+    let fix = format!(
+        "ask an operator to run: {}",
+        print_grants_command(schema, role.unwrap_or("ROLE"))
+    );
+    let named = missing
+        .iter()
+        .find(|m| refusal == format!("permission denied for {} {}", m.kind, m.name));
+    match (named.or(missing.first()), role) {
+        (Some(m), Some(role)) => format!(
+            "permission denied: role {} needs {} on {} {} ({fix})",
+            quote_ident(role),
+            m.privileges.join(", "),
+            m.kind,
+            m.qualified
+        ),
+        _ => format!("{refusal} ({fix})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Functions the migrations create, none of which needs a grant (see [`GRANTS`]).
+    const UNGRANTED_FUNCTIONS: &[&str] = &["outbox_notify", "rfc3339"];
+
+    #[test]
+    fn the_grants_cover_every_table_and_function_the_migrations_create() {
+        let granted = |table: &str| {
+            GRANTS
+                .iter()
+                .any(|g| matches!(g.on, Object::Table(t) if t == table))
+        };
+        for m in super::super::MIGRATIONS {
+            let words: Vec<&str> = m.sql.split_whitespace().collect();
+            for w in words.windows(3) {
+                if w[0] != "CREATE" {
+                    continue;
+                }
+                let name = w[2].split('(').next().unwrap_or_default();
+                match w[1] {
+                    "TABLE" => assert!(granted(name), "no grant for table {name}"),
+                    "FUNCTION" => assert!(
+                        UNGRANTED_FUNCTIONS.contains(&name),
+                        "function {name}: does the role need EXECUTE on it?"
+                    ),
+                    "SEQUENCE" | "VIEW" | "TYPE" => {
+                        panic!(
+                            "migration {} creates a {} {name}: add its grant",
+                            m.name, w[1]
+                        )
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_script_quotes_schema_and_role() {
+        let s = script(&Schema::new("lc_1"), "we\"ird role");
+        assert!(
+            s.contains("GRANT USAGE ON SCHEMA \"lc_1\" TO \"we\"\"ird role\";"),
+            "{s}"
+        );
+        assert!(s.contains(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE \"lc_1\".\"leases\" TO \"we\"\"ird role\";"
+        ));
+        assert!(s.contains("--print-grants 'we\"ird role' | psql"), "{s}");
+        assert!(s.starts_with("--") && s.ends_with("COMMIT;\n"));
+    }
+
+    #[test]
+    fn the_message_names_what_postgres_refused() {
+        let schema = Schema::new("leasectl");
+        let m = |kind, name: &str, qualified: &str, privileges| Missing {
+            kind,
+            name: name.into(),
+            qualified: qualified.into(),
+            privileges,
+        };
+        let missing = [
+            m("table", "leases", "\"leasectl\".\"leases\"", vec!["UPDATE"]),
+            m(
+                "table",
+                "runs",
+                "\"leasectl\".\"runs\"",
+                vec!["INSERT", "DELETE"],
+            ),
+        ];
+        assert_eq!(
+            message(&schema, "permission denied for table runs", Some("app"), &missing),
+            "permission denied: role \"app\" needs INSERT, DELETE on table \"leasectl\".\"runs\" (ask an operator to run: leasectl migrate --print-grants app)"
+        );
+        assert!(message(
+            &schema,
+            "permission denied for sequence x",
+            Some("app"),
+            &missing
+        )
+        .contains("needs UPDATE on table \"leasectl\".\"leases\""));
+        assert_eq!(
+            message(&Schema::new("s2"), "permission denied for table x", None, &[]),
+            "permission denied for table x (ask an operator to run: leasectl --schema s2 migrate --print-grants ROLE)"
+        );
+    }
+}
