@@ -128,7 +128,7 @@ impl Settings {
                     .map(Duration::from_secs)
             })
             .unwrap_or(CONNECT_TIMEOUT)
-            .max(MIN_CONNECT_TIMEOUT);
+            .clamp(MIN_CONNECT_TIMEOUT, crate::config::MAX_DURATION);
         config.connect_timeout(connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("leasectl");
@@ -178,7 +178,8 @@ impl Settings {
 
     /// The longest connecting may take: every host given its full `connect_timeout`.
     pub fn connect_budget(&self) -> Duration {
-        self.connect_timeout * u32::try_from(self.targets.len()).unwrap_or(u32::MAX)
+        let hosts = u32::try_from(self.targets.len()).unwrap_or(u32::MAX);
+        self.connect_timeout.saturating_mul(hosts)
     }
 
     /// "host:port as user, database db" for messages — never the password.
