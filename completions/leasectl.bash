@@ -666,7 +666,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__release)
-            opts="-v -h -V --target --force --database-url --schema --verbose --help --version"
+            opts="-v -h -V --target --force --no-wait --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

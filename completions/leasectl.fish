@@ -84,6 +84,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d 'Required: breaking a live lease makes its holder stop'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l no-wait -d 'Return once the lease is broken, without waiting for the old holder to stop'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'

@@ -11,26 +11,32 @@ pub mod run;
 pub mod runs;
 pub mod status;
 
+use std::future::Future;
+use std::time::Duration;
+
 use anyhow::Result;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::cli::{Cli, Command, DbArgs};
 use crate::db::migrate::grants;
 use crate::db::{Db, Schema, Settings};
-use crate::exit::Exit;
+use crate::exit::{Exit, Failure};
 
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> Result<Exit> {
     let db = &cli.db;
     let outcome = match cli.command {
+        // These two watch the database with deadlines of their own.
         Command::Run(a) => run::run(db, a).await,
-        Command::Status(a) => status::run(db, a).await,
-        Command::Runs(a) => runs::run(db, a).await,
-        Command::Output(a) => output::run(db, a).await,
-        Command::Release(a) => release::run(db, a).await,
         Command::Relay(a) => relay::run(db, a).await,
-        Command::Outbox(a) => outbox::run(db, a).await,
-        Command::Prune(a) => prune::run(db, a).await,
-        Command::Migrate(a) => migrate::run(db, a).await,
+        Command::Status(a) => one_shot(status::run(db, a)).await,
+        Command::Runs(a) => one_shot(runs::run(db, a)).await,
+        Command::Output(a) => one_shot(output::run(db, a)).await,
+        Command::Release(a) => one_shot(release::run(db, a)).await,
+        Command::Outbox(a) => one_shot(outbox::run(db, a)).await,
+        Command::Prune(a) => one_shot(prune::run(db, a)).await,
+        Command::Migrate(a) => one_shot(migrate::run(db, a)).await,
         Command::Completions(a) => completions::run(a),
     };
     // The one place a "permission denied" becomes a line naming the privilege (exit 77).
@@ -42,9 +48,85 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
     }
 }
 
-/// Connects with the shared database options and brings the schema up to date.
+/// How long a one-shot command's database work may take after connecting, unless
+/// `LEASECTL_STATEMENT_TIMEOUT` says otherwise (for operators with slow prunes, and for tests).
+pub const STATEMENT_WINDOW: Duration = Duration::from_secs(30);
+
+tokio::task_local! {
+    /// Set by [`one_shot`] around its command; [`connect`] arms it with the command's deadline
+    /// and what to name in the message.
+    static DEADLINE: watch::Sender<Option<(Instant, String)>>;
+}
+
+/// Runs a one-shot command (status, runs, output, release, outbox, prune, migrate) under one
+/// client-side deadline, so a server that goes silent mid-command (a hung host, a black-holed
+/// connection: no error ever arrives) ends it with exit 69 instead of a hang. A server-side
+/// `statement_timeout` cannot help there, and it leaks through transaction poolers.
+///
+/// One deadline for the whole command rather than one per statement keeps it in this one
+/// place: the statements live in `store`, and these commands send a handful of small ones. It
+/// is armed by [`connect`] once the settings are known: connecting is bounded by itself (each
+/// host gets `connect_timeout`), so the deadline is that budget plus [`STATEMENT_WINDOW`].
+async fn one_shot(work: impl Future<Output = Result<Exit>>) -> Result<Exit> {
+    let (armed, mut watched) = watch::channel::<Option<(Instant, String)>>(None);
+    // Follows the deadline as it is armed and extended; ends with `None` when the command is
+    // done (the sender is dropped).
+    let expired = async move {
+        loop {
+            let current = watched.borrow_and_update().clone();
+            match current {
+                None => watched.changed().await.ok()?,
+                Some((at, what)) => tokio::select! {
+                    _ = tokio::time::sleep_until(at) => return Some(what),
+                    changed = watched.changed() => changed.ok()?,
+                },
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        result = DEADLINE.scope(armed, work) => result,
+        Some(what) = expired => Err(Failure::Unavailable(what).into()),
+    }
+}
+
+/// Moves the armed deadline of the [`one_shot`] command running on this task `extra` later:
+/// for a command that has a known reason to wait (`release` waiting out the old holder's TTL).
+pub fn extend_deadline(extra: Duration) {
+    let _ = DEADLINE.try_with(|d| {
+        d.send_modify(|armed| {
+            if let Some((at, _)) = armed {
+                *at = at.checked_add(extra).unwrap_or(*at);
+            }
+        })
+    });
+}
+
+/// `LEASECTL_STATEMENT_TIMEOUT` (a duration such as `30s`), else [`STATEMENT_WINDOW`].
+fn statement_window() -> Result<Duration> {
+    match std::env::var("LEASECTL_STATEMENT_TIMEOUT") {
+        Ok(v) if !v.trim().is_empty() => crate::config::parse_duration(v.trim())
+            .map_err(|e| crate::exit::usage(format!("LEASECTL_STATEMENT_TIMEOUT: {e}"))),
+        _ => Ok(STATEMENT_WINDOW),
+    }
+}
+
+/// Connects with the shared database options and brings the schema up to date (and, inside
+/// [`one_shot`], arms its deadline).
 pub async fn connect(db: &DbArgs) -> Result<Db> {
     let settings = Settings::new(db.database_url.as_deref())?;
+    if DEADLINE.try_with(|_| ()).is_ok() {
+        let window = statement_window()?;
+        // Bounded like every duration a user gives, so the sum cannot overflow an instant.
+        let limit = settings.connect_budget().saturating_add(window);
+        let at = Instant::now() + limit.min(crate::config::MAX_DURATION);
+        let what = format!(
+            "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
+            settings.describe(),
+            crate::fmt::duration(window)
+        );
+        DEADLINE.with(|d| d.send_replace(Some((at, what))));
+    }
     Db::connect(settings, Schema::new(&db.schema)).await
 }
 

@@ -1,24 +1,37 @@
 //! Where the connection settings come from, and opening a connection.
 //!
-//! libpq's order: `--database-url` / `DATABASE_URL` (a URL or a `key=value` string), then
-//! `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, then the local socket
-//! as the current OS user — what `psql` with no arguments reaches. Fields missing from a URL are
-//! filled from the same environment. TLS is set up by [`super::tls`]. Also here: how a
-//! tokio-postgres error reads in one line, and whether it means "unreachable" (exit 69).
+//! libpq's order, first match wins: the connection string (`--database-url` / `DATABASE_URL`, a
+//! URL or a `key=value` string), then the service it names (`service=` or `PGSERVICE`, see
+//! [`super::service`]), then `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`,
+//! `PGSSLMODE`, `PGCONNECT_TIMEOUT`, `PGSSLCERT`, `PGSSLKEY`, `PGSSLROOTCERT`, then the local
+//! socket as the current OS user — what `psql` with no arguments reaches. Without a password,
+//! the password file is consulted per host ([`super::pgpass`]). TLS is set up by [`super::tls`].
+//!
+//! [`open`] tries the hosts itself, one at a time, each under `connect_timeout` for everything
+//! up to a ready session (TCP, TLS, startup, authentication): tokio-postgres' own timeout
+//! covers only the TCP connect, so a server that accepts and never answers would otherwise hang
+//! a command for minutes. Also here: how a tokio-postgres error reads in one line, and whether
+//! it means "unreachable" (exit 69).
 
-use std::path::Path;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use tokio::sync::mpsc;
+use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Notification};
 
-use super::tls;
+use super::pgpass::{self, PassFile};
+use super::{conninfo, service, tls};
 use crate::error::Failure;
 
-/// How long a connection attempt may take before the database counts as unreachable.
+/// How long connecting to one host may take, when nothing says otherwise.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// libpq's floor for `connect_timeout`: a value of 1 means 2.
+const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Server-side limit on every statement, so a stuck lock cannot hold a statement past the
 /// client's own deadline. Sent as a startup option (`-c statement_timeout=…`), which costs no
 /// round trip and is the session's own state; a pooler that refuses startup options gets none
@@ -27,108 +40,98 @@ pub(super) const STATEMENT_TIMEOUT: &str = "30s";
 /// Socket directories tried when nothing names a host: Debian's, then the upstream default.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 
-/// Checked connection settings: a tokio-postgres config plus what we need for messages and TLS.
+/// One host to try: a host name or socket directory, its address if `hostaddr` gave one, and
+/// its port.
+#[derive(Clone, Debug)]
+struct Target {
+    host: Host,
+    hostaddr: Option<IpAddr>,
+    port: u16,
+}
+
+impl Target {
+    /// `host:port`, or the socket's path, for messages.
+    fn label(&self) -> String {
+        match &self.host {
+            Host::Tcp(name) if name.contains(':') => format!("[{name}]:{}", self.port),
+            Host::Tcp(name) => format!("{name}:{}", self.port),
+            Host::Unix(dir) => format!("{}/.s.PGSQL.{}", dir.display(), self.port),
+        }
+    }
+
+    /// The host name the password file is matched on: libpq's `localhost` for the default
+    /// socket directories.
+    fn pgpass_host(&self) -> String {
+        match &self.host {
+            Host::Tcp(name) => name.clone(),
+            Host::Unix(dir) if DEFAULT_SOCKET_DIRS.iter().any(|d| dir == Path::new(d)) => {
+                "localhost".into()
+            }
+            Host::Unix(dir) => dir.display().to_string(),
+        }
+    }
+}
+
+/// Checked connection settings: what every attempt shares, the hosts to try, and what TLS and
+/// the messages need.
 #[derive(Clone)]
 pub struct Settings {
-    config: Config,
+    /// Everything but the hosts: an attempt clones it and adds one [`Target`].
+    base: Config,
+    targets: Vec<Target>,
+    connect_timeout: Duration,
     verify_tls: bool,
+    tls_files: tls::Files,
+    /// The password file, read once, when no password was given.
+    passfile: Option<Arc<PassFile>>,
 }
 
 impl Settings {
-    /// Builds the settings from `--database-url`/`DATABASE_URL` (if given) and the libpq
-    /// environment. Never includes the password in an error.
+    /// Builds the settings from `--database-url`/`DATABASE_URL` (if given), the service file
+    /// it names and the libpq environment. Never includes the password in an error.
     pub fn new(url: Option<&str>) -> Result<Settings> {
         Self::from_env(url, |k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
     fn from_env(url: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Result<Settings> {
-        let mut verify_tls = false;
-        let mut config = match url.filter(|u| !u.trim().is_empty()) {
-            Some(u) => {
-                // tokio-postgres knows disable/prefer/require only; map libpq's verifying modes
-                // onto "require" plus certificate verification done by our TLS connector.
-                let (u, verify) = tls::strip_verify_sslmode(u);
-                verify_tls = verify;
-                u.parse::<Config>().map_err(|e| {
-                    // The parse error never echoes the string, so no password can leak here.
-                    Failure::Usage(format!("invalid --database-url / DATABASE_URL: {e}"))
-                })?
-            }
-            None => Config::new(),
+        let invalid =
+            |e: String| Failure::Usage(format!("invalid --database-url / DATABASE_URL: {e}"));
+        let split = conninfo::split(url.unwrap_or("")).map_err(invalid)?;
+        let mut own = split.own.clone();
+        let mut config = if split.rest.trim().is_empty() {
+            Config::new()
+        } else {
+            // The parse error never echoes the string, so no password can leak here.
+            split
+                .rest
+                .parse::<Config>()
+                .map_err(|e| invalid(e.to_string()))?
         };
+        let home = env("HOME").map(PathBuf::from).or_else(os_home);
 
-        if config.get_hosts().is_empty() {
-            match env("PGHOST") {
-                Some(hosts) => {
-                    for h in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-                        if h.starts_with('/') {
-                            config.host_path(h);
-                        } else {
-                            config.host(h);
-                        }
-                    }
-                }
-                None => {
-                    for dir in DEFAULT_SOCKET_DIRS {
-                        if Path::new(dir).exists() {
-                            config.host_path(dir);
-                        }
-                    }
-                    if config.get_hosts().is_empty() {
-                        config.host("localhost");
-                    }
-                }
-            }
+        if let Some(name) = own.get("service").cloned().or_else(|| env("PGSERVICE")) {
+            let pairs = service::find(&name, &env, home.as_deref()).map_err(Failure::Usage)?;
+            fill_from_service(&mut config, &mut own, &split, &name, pairs)?;
         }
-        if config.get_ports().is_empty() {
-            if let Some(p) = env("PGPORT") {
-                let port = p
-                    .parse::<u16>()
-                    .map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
-                config.port(port);
-            }
-        }
-        if config.get_user().is_none() {
-            let user = env("PGUSER").or_else(current_os_user).ok_or_else(|| {
-                Failure::Usage(
-                    "no database user: set PGUSER or put a user in --database-url".into(),
-                )
-            })?;
-            config.user(user);
-        }
-        if config.get_password().is_none() {
-            if let Some(p) = env("PGPASSWORD") {
-                config.password(p);
-            }
-        }
-        if config.get_dbname().is_none() {
-            if let Some(d) = env("PGDATABASE") {
-                config.dbname(d);
-            }
-        }
-        // Like libpq, PGSSLMODE applies unless the connection string names an sslmode itself.
-        if !url.is_some_and(|u| u.contains("sslmode")) {
-            if let Some(mode) = env("PGSSLMODE") {
-                let (m, verify) = tls::parse_sslmode(&mode)?;
-                config.ssl_mode(m);
-                verify_tls = verify;
-            }
-        }
-        // TLS never applies to Unix sockets (libpq does not even ask); skipping the request
-        // saves a round trip on every local connection.
-        let all_local = config
-            .get_hosts()
-            .iter()
-            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
-        if all_local && !verify_tls {
-            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
-        }
-        if config.get_connect_timeout().is_none() {
-            let t = env("PGCONNECT_TIMEOUT")
-                .and_then(|s| s.parse::<u64>().ok())
-                .filter(|&s| s > 0);
-            config.connect_timeout(t.map_or(CONNECT_TIMEOUT, Duration::from_secs));
-        }
+        fill_from_env(&mut config, &env)?;
+
+        let (mode, verify_tls) = match own.get("sslmode").cloned().or_else(|| env("PGSSLMODE")) {
+            Some(m) => tls::parse_sslmode(&m)?,
+            None => (SslMode::Prefer, false),
+        };
+        config.ssl_mode(mode);
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .or_else(|| {
+                env("PGCONNECT_TIMEOUT")
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .filter(|&s| s > 0)
+                    .map(Duration::from_secs)
+            })
+            .unwrap_or(CONNECT_TIMEOUT)
+            .clamp(MIN_CONNECT_TIMEOUT, crate::config::MAX_DURATION);
+        config.connect_timeout(connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("leasectl");
         }
@@ -136,7 +139,38 @@ impl Settings {
         config
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(15));
-        Ok(Settings { config, verify_tls })
+
+        let passfile = match config.get_password() {
+            Some(_) => None,
+            None => {
+                let path = own
+                    .get("passfile")
+                    .cloned()
+                    .or_else(|| env("PGPASSFILE"))
+                    .map(PathBuf::from)
+                    .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
+                match path.map(|p| pgpass::read(&p)) {
+                    Some(Ok(file)) => file.map(Arc::new),
+                    Some(Err(warning)) => {
+                        crate::warn!("{warning}");
+                        None
+                    }
+                    None => None,
+                }
+            }
+        };
+        let tls_files = tls::Files::resolve(
+            |key, var| own.get(key).cloned().or_else(|| env(var)),
+            home.as_deref(),
+        );
+        Ok(Settings {
+            targets: targets(&config)?,
+            base: without_hosts(&config),
+            connect_timeout,
+            verify_tls,
+            tls_files,
+            passfile,
+        })
     }
 
     /// These settings plus the startup option that sets the session's `statement_timeout`
@@ -144,11 +178,11 @@ impl Settings {
     pub(super) fn with_statement_timeout(&self) -> Settings {
         let mut s = self.clone();
         let own = format!("-c statement_timeout={STATEMENT_TIMEOUT}");
-        let options = match self.config.get_options() {
+        let options = match self.base.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} {own}"),
             _ => own,
         };
-        s.config.options(&options);
+        s.base.options(&options);
         s
     }
 
@@ -157,28 +191,411 @@ impl Settings {
         Ok(open(self).await?.0)
     }
 
+    /// The longest connecting may take: every host given its full `connect_timeout`.
+    pub fn connect_budget(&self) -> Duration {
+        let hosts = u32::try_from(self.targets.len()).unwrap_or(u32::MAX);
+        self.connect_timeout.saturating_mul(hosts)
+    }
+
     /// "host:port as user, database db" for messages — never the password.
     pub fn describe(&self) -> String {
-        let ports = self.config.get_ports();
-        let hosts: Vec<String> = self
-            .config
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let hosts: Vec<String> = self.targets.iter().map(Target::label).collect();
+        format!("{} {}", hosts.join(", "), self.who())
+    }
+
+    /// `as user "u", database "d"`.
+    fn who(&self) -> String {
+        let user = self.base.get_user().unwrap_or("?");
+        let db = self.base.get_dbname().unwrap_or(user);
+        format!("as user \"{user}\", database \"{db}\"")
+    }
+
+    /// The hosts in the order they are tried (shuffled for `load_balance_hosts=random`).
+    fn order(&self) -> Vec<Target> {
+        let mut targets = self.targets.clone();
+        if self.base.get_load_balance_hosts() == LoadBalanceHosts::Random {
+            fastrand::shuffle(&mut targets);
+        }
+        targets
+    }
+
+    /// The single-host config of one attempt: never TLS over a Unix socket (libpq does not
+    /// even ask), and the password file's entry for this host when no password was given.
+    fn config_for(&self, target: &Target) -> Config {
+        let mut config = self.base.clone();
+        match &target.host {
+            Host::Tcp(name) => {
+                config.host(name);
+            }
+            Host::Unix(dir) => {
+                config.host_path(dir).ssl_mode(SslMode::Disable);
+            }
+        }
+        if let Some(addr) = target.hostaddr {
+            config.hostaddr(addr);
+        }
+        config.port(target.port);
+        if let Some(file) = &self.passfile {
+            let user = self.base.get_user().unwrap_or_default();
+            let host = target.pgpass_host();
+            let key = pgpass::Key {
+                host: &host,
+                port: target.port,
+                dbname: self.base.get_dbname().unwrap_or(user),
+                user,
+            };
+            if let Some(password) = file.lookup(&key) {
+                config.password(password);
+            }
+        }
+        config
+    }
+
+    /// The TLS connector, reading certificate files only if some host may use TLS.
+    fn connector(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        let tls_possible = self.base.get_ssl_mode() != SslMode::Disable
+            && self.targets.iter().any(|t| matches!(t.host, Host::Tcp(_)));
+        if tls_possible {
+            tls::connector(self.verify_tls, &self.tls_files)
+        } else {
+            tls::connector(false, &tls::Files::default())
+        }
+    }
+
+    /// The one line saying why no host gave us a session. The first host that answered (a
+    /// server's error) leads, since it is the one that says what is wrong; the others follow
+    /// briefly.
+    fn failure(&self, tried: &[(Target, Attempt)]) -> String {
+        let what = |a: &Attempt| match a {
+            Attempt::Silent => format!("no answer within {}s", self.connect_timeout.as_secs()),
+            Attempt::Failed(e) => brief_reason(e),
+        };
+        let listed = |skip: Option<usize>| -> Vec<String> {
+            tried
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != skip)
+                .map(|(_, (t, a))| format!("{}: {}", t.label(), what(a)))
+                .collect()
+        };
+        let who = self.who();
+        match (tried, tried.iter().position(|(_, a)| a.answered())) {
+            ([(t, a)], _) => format!(
+                "cannot connect to PostgreSQL at {} {who}: {}",
+                t.label(),
+                what(a)
+            ),
+            (_, Some(i)) => format!(
+                "cannot connect to PostgreSQL at {} {who}: {} (also tried {})",
+                tried[i].0.label(),
+                what(&tried[i].1),
+                listed(Some(i)).join(", ")
+            ),
+            (_, None) => format!(
+                "cannot connect to PostgreSQL {who}: {}",
+                listed(None).join("; ")
+            ),
+        }
+    }
+}
+
+/// How one host's attempt ended.
+enum Attempt {
+    /// Nothing within `connect_timeout`.
+    Silent,
+    Failed(tokio_postgres::Error),
+}
+
+impl Attempt {
+    /// The server itself answered with an error.
+    fn answered(&self) -> bool {
+        matches!(self, Attempt::Failed(e) if e.as_db_error().is_some())
+    }
+
+    /// The server refused *us* (authentication, role, database): another host of the same
+    /// cluster would say the same, so libpq stops here, and so do we.
+    fn ends_search(&self) -> bool {
+        match self {
+            Attempt::Failed(e) => e
+                .code()
+                .is_some_and(|c| c.code().starts_with("28") || *c == SqlState::UNDEFINED_DATABASE),
+            Attempt::Silent => false,
+        }
+    }
+}
+
+/// Opens one connection; its socket I/O runs as a task of its own (see [`super::notify`]).
+///
+/// The one place a connection is opened. Hosts are tried in turn, each with its own
+/// single-host tokio-postgres config under the full `connect_timeout` (DNS, TCP, TLS, startup,
+/// authentication and the `target_session_attrs` check, which tokio-postgres makes).
+pub(super) async fn open(
+    settings: &Settings,
+) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
+    let tls = settings.connector()?;
+    let mut tried = Vec::new();
+    for target in settings.order() {
+        let config = settings.config_for(&target);
+        let attempt =
+            match tokio::time::timeout(settings.connect_timeout, config.connect(tls.clone())).await
+            {
+                Ok(Ok((client, connection))) => {
+                    return Ok((client, super::notify::drive(connection)))
+                }
+                Ok(Err(e)) => Attempt::Failed(e),
+                Err(_) => Attempt::Silent,
+            };
+        let stop = attempt.ends_search();
+        tried.push((target, attempt));
+        if stop {
+            break;
+        }
+    }
+    Err(Failure::Unavailable(settings.failure(&tried)).into())
+}
+
+/// The hosts to try, from the hosts, `hostaddr`s and ports of `config`.
+fn targets(config: &Config) -> Result<Vec<Target>> {
+    let (hosts, addrs, ports) = (
+        config.get_hosts(),
+        config.get_hostaddrs(),
+        config.get_ports(),
+    );
+    let n = hosts.len().max(addrs.len());
+    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
+        return Err(Failure::Usage(format!(
+            "{} hosts but {} hostaddrs: give one address per host",
+            hosts.len(),
+            addrs.len()
+        ))
+        .into());
+    }
+    if ports.len() > 1 && ports.len() != n {
+        return Err(Failure::Usage(format!(
+            "{} ports for {n} hosts: give one port, or one per host",
+            ports.len()
+        ))
+        .into());
+    }
+    Ok((0..n)
+        .map(|i| Target {
+            host: hosts
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| Host::Tcp(addrs[i].to_string())),
+            hostaddr: addrs.get(i).copied(),
+            port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
+        })
+        .collect())
+}
+
+/// A copy of `c` without hosts, addresses and ports.
+fn without_hosts(c: &Config) -> Config {
+    let mut b = Config::new();
+    if let Some(v) = c.get_user() {
+        b.user(v);
+    }
+    if let Some(v) = c.get_password() {
+        b.password(v);
+    }
+    if let Some(v) = c.get_dbname() {
+        b.dbname(v);
+    }
+    if let Some(v) = c.get_options() {
+        b.options(v);
+    }
+    if let Some(v) = c.get_application_name() {
+        b.application_name(v);
+    }
+    if let Some(v) = c.get_connect_timeout() {
+        b.connect_timeout(*v);
+    }
+    if let Some(v) = c.get_tcp_user_timeout() {
+        b.tcp_user_timeout(*v);
+    }
+    if let Some(v) = c.get_keepalives_interval() {
+        b.keepalives_interval(v);
+    }
+    if let Some(v) = c.get_keepalives_retries() {
+        b.keepalives_retries(v);
+    }
+    b.ssl_mode(c.get_ssl_mode())
+        .ssl_negotiation(c.get_ssl_negotiation())
+        .keepalives(c.get_keepalives())
+        .keepalives_idle(c.get_keepalives_idle())
+        .target_session_attrs(c.get_target_session_attrs())
+        .channel_binding(c.get_channel_binding())
+        .load_balance_hosts(c.get_load_balance_hosts());
+    b
+}
+
+/// Fills what the connection string left out from service `name`'s `pairs` (libpq: a service
+/// beats the environment, the string beats the service).
+fn fill_from_service(
+    config: &mut Config,
+    own: &mut std::collections::BTreeMap<String, String>,
+    split: &conninfo::Split,
+    name: &str,
+    pairs: Vec<(String, String)>,
+) -> Result<()> {
+    // A URL's user, password, hosts, ports and database are not parameters: look at the config.
+    let string_sets = |key: &str| {
+        split.sets(key)
+            || match key {
+                "host" => !config.get_hosts().is_empty(),
+                "hostaddr" => !config.get_hostaddrs().is_empty(),
+                "port" => !config.get_ports().is_empty(),
+                "user" => config.get_user().is_some(),
+                "password" => config.get_password().is_some(),
+                "dbname" => config.get_dbname().is_some(),
+                _ => false,
+            }
+    };
+    let mut fill = Vec::new();
+    for (key, value) in pairs {
+        if string_sets(&key) {
+            continue;
+        }
+        if conninfo::OWN_KEYS.contains(&key.as_str()) {
+            own.insert(key, value);
+        } else {
+            fill.push((key, value));
+        }
+    }
+    let text: Vec<String> = fill
+        .iter()
+        .map(|(k, v)| format!("{k}={}", conninfo::quote(v)))
+        .collect();
+    let from: Config = text
+        .join(" ")
+        .parse()
+        .map_err(|e| Failure::Usage(format!("service \"{name}\": {e}")))?;
+    for (key, _) in &fill {
+        copy_param(key, &from, config);
+    }
+    Ok(())
+}
+
+/// Copies parameter `key` (already parsed into `from`) onto `to`.
+fn copy_param(key: &str, from: &Config, to: &mut Config) {
+    match key {
+        "host" => {
+            for h in from.get_hosts() {
                 match h {
-                    tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
-                    tokio_postgres::config::Host::Unix(dir) => {
-                        format!("{}/.s.PGSQL.{port}", dir.display())
+                    Host::Tcp(name) => to.host(name),
+                    Host::Unix(dir) => to.host_path(dir),
+                };
+            }
+        }
+        "hostaddr" => from.get_hostaddrs().iter().for_each(|a| {
+            to.hostaddr(*a);
+        }),
+        "port" => from.get_ports().iter().for_each(|p| {
+            to.port(*p);
+        }),
+        "user" => {
+            from.get_user().map(|v| to.user(v));
+        }
+        "password" => {
+            from.get_password().map(|v| to.password(v));
+        }
+        "dbname" => {
+            from.get_dbname().map(|v| to.dbname(v));
+        }
+        "options" => {
+            from.get_options().map(|v| to.options(v));
+        }
+        "application_name" => {
+            from.get_application_name().map(|v| to.application_name(v));
+        }
+        "connect_timeout" => {
+            from.get_connect_timeout().map(|v| to.connect_timeout(*v));
+        }
+        "tcp_user_timeout" => {
+            from.get_tcp_user_timeout().map(|v| to.tcp_user_timeout(*v));
+        }
+        "keepalives" => {
+            to.keepalives(from.get_keepalives());
+        }
+        "keepalives_idle" => {
+            to.keepalives_idle(from.get_keepalives_idle());
+        }
+        "keepalives_interval" => {
+            from.get_keepalives_interval()
+                .map(|v| to.keepalives_interval(v));
+        }
+        "keepalives_retries" => {
+            from.get_keepalives_retries()
+                .map(|v| to.keepalives_retries(v));
+        }
+        "target_session_attrs" => {
+            to.target_session_attrs(from.get_target_session_attrs());
+        }
+        "channel_binding" => {
+            to.channel_binding(from.get_channel_binding());
+        }
+        "load_balance_hosts" => {
+            to.load_balance_hosts(from.get_load_balance_hosts());
+        }
+        "sslnegotiation" => {
+            to.ssl_negotiation(from.get_ssl_negotiation());
+        }
+        // tokio-postgres parsed `from`, so it knows no other key.
+        _ => {}
+    }
+}
+
+/// Fills the gaps from `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, and the
+/// local socket as the OS user.
+fn fill_from_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+        match env("PGHOST") {
+            Some(hosts) => {
+                for h in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
+                    if h.starts_with('/') {
+                        config.host_path(h);
+                    } else {
+                        config.host(h);
                     }
                 }
-            })
-            .collect();
-        let user = self.config.get_user().unwrap_or("?");
-        let db = self.config.get_dbname().unwrap_or(user);
-        format!("{} as user \"{user}\", database \"{db}\"", hosts.join(", "))
+            }
+            None => {
+                for dir in DEFAULT_SOCKET_DIRS {
+                    if Path::new(dir).exists() {
+                        config.host_path(dir);
+                    }
+                }
+                if config.get_hosts().is_empty() {
+                    config.host("localhost");
+                }
+            }
+        }
     }
+    if config.get_ports().is_empty() {
+        if let Some(p) = env("PGPORT") {
+            let port = p
+                .parse::<u16>()
+                .map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
+            config.port(port);
+        }
+    }
+    if config.get_user().is_none() {
+        let user = env("PGUSER").or_else(current_os_user).ok_or_else(|| {
+            Failure::Usage("no database user: set PGUSER or put a user in --database-url".into())
+        })?;
+        config.user(user);
+    }
+    if config.get_password().is_none() {
+        if let Some(p) = env("PGPASSWORD") {
+            config.password(p);
+        }
+    }
+    if config.get_dbname().is_none() {
+        if let Some(d) = env("PGDATABASE") {
+            config.dbname(d);
+        }
+    }
+    Ok(())
 }
 
 fn current_os_user() -> Option<String> {
@@ -188,19 +605,39 @@ fn current_os_user() -> Option<String> {
         .map(|u| u.name)
 }
 
-/// Opens one connection; its socket I/O runs as a task of its own (see [`super::notify`]).
-pub(super) async fn open(
-    settings: &Settings,
-) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
-    let tls = tls::connector(settings.verify_tls)?;
-    let (client, connection) = settings.config.connect(tls).await.map_err(|e| {
-        Failure::Unavailable(format!(
-            "cannot connect to PostgreSQL at {}: {}",
-            settings.describe(),
-            reason(&e)
-        ))
-    })?;
-    Ok((client, super::notify::drive(connection)))
+/// The OS user's home directory, when `HOME` is not set (libpq's fallback).
+fn os_home() -> Option<PathBuf> {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+}
+
+/// One attempt's failure in a few words: the server's message, or the innermost cause
+/// ("Connection refused"), without the wrapper's "error connecting to server".
+fn brief_reason(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return db.message().to_owned();
+    }
+    let mut inner = None;
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        inner = Some(s.to_string());
+        source = s.source();
+    }
+    let top = e.to_string();
+    let Some(inner) = inner else {
+        return top;
+    };
+    let inner = match inner.find(" (os error ") {
+        Some(i) => inner[..i].to_owned(),
+        None => inner,
+    };
+    if top == "error connecting to server" || top == "error communicating with the server" {
+        inner
+    } else {
+        format!("{top}: {inner}")
+    }
 }
 
 /// The most useful one-line reason inside a tokio-postgres error.
@@ -248,13 +685,23 @@ pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
 mod tests {
     use super::*;
 
-    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+    /// An environment of `pairs`, with a HOME where no ~/.pgpass or service file exists.
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| {
             pairs
                 .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .or_else(|| (k == "HOME").then(|| "/nonexistent".into()))
         }
+    }
+
+    fn hosts(s: &Settings) -> Vec<String> {
+        s.targets.iter().map(Target::label).collect()
     }
 
     #[test]
@@ -269,34 +716,31 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(s.config.get_user(), Some("app"));
-        assert_eq!(s.config.get_dbname(), Some("prod"));
-        assert_eq!(s.config.get_ports(), &[6543]);
-        assert_eq!(s.config.get_hosts().len(), 2);
+        assert_eq!(s.base.get_user(), Some("app"));
+        assert_eq!(s.base.get_dbname(), Some("prod"));
+        assert_eq!(hosts(&s), ["db.example:6543", "/run/pg/.s.PGSQL.6543"]);
         assert!(s
             .describe()
-            .starts_with("db.example:6543, /run/pg/.s.PGSQL.6543"));
+            .starts_with("db.example:6543, /run/pg/.s.PGSQL.6543 as user \"app\""));
+        assert_eq!(s.connect_timeout, CONNECT_TIMEOUT);
+        assert_eq!(s.connect_budget(), 2 * CONNECT_TIMEOUT);
     }
 
     #[test]
     fn pgsslmode_applies_unless_the_url_names_one() {
         let env = env_of(&[("PGSSLMODE", "require")]);
         let s = Settings::from_env(Some("postgres://u@db.example/x"), &env).unwrap();
-        assert_eq!(
-            s.config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Require
-        );
+        assert_eq!(s.base.get_ssl_mode(), SslMode::Require);
         let s =
             Settings::from_env(Some("postgres://u@db.example/x?sslmode=disable"), &env).unwrap();
-        assert_eq!(
-            s.config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Disable
-        );
+        assert_eq!(s.base.get_ssl_mode(), SslMode::Disable);
+        let s = Settings::from_env(Some("host=h user=u sslmode=verify-full"), &env).unwrap();
+        assert!(s.verify_tls && s.base.get_ssl_mode() == SslMode::Require);
         let s =
             Settings::from_env(None, env_of(&[("PGHOST", "/run/pg"), ("PGUSER", "a")])).unwrap();
         assert_eq!(
-            s.config.get_ssl_mode(),
-            tokio_postgres::config::SslMode::Disable,
+            s.config_for(&s.targets[0]).get_ssl_mode(),
+            SslMode::Disable,
             "no TLS over a Unix socket"
         );
     }
@@ -308,11 +752,146 @@ mod tests {
             env_of(&[("PGUSER", "other")]),
         )
         .unwrap();
-        assert_eq!(s.config.get_user(), Some("u"));
+        assert_eq!(s.base.get_user(), Some("u"));
         assert!(!s.describe().contains("s3cret"));
-        let err = Settings::from_env(Some("postgres://u:s3cret@host:notaport/x"), env_of(&[]))
-            .err()
+        for bad in [
+            "postgres://u:s3cret@host:notaport/x",
+            "host=h password=s3cret stray s3cret",
+            "host=h password='s3cret",
+            "postgres://u:s3cret@h/x?s3cret",
+        ] {
+            let err = Settings::from_env(Some(bad), env_of(&[])).err().unwrap();
+            assert!(!format!("{err:#}").contains("s3cret"), "{err:#}");
+        }
+    }
+
+    #[test]
+    fn connect_timeout_from_the_string_or_pgconnect_timeout_with_libpqs_floor() {
+        let env = env_of(&[("PGCONNECT_TIMEOUT", "7"), ("PGUSER", "u")]);
+        let t = |url: &str| Settings::from_env(Some(url), &env).unwrap().connect_timeout;
+        assert_eq!(
+            t("postgres://h/db?connect_timeout=3"),
+            Duration::from_secs(3)
+        );
+        assert_eq!(t("host=h connect_timeout=1"), Duration::from_secs(2));
+        assert_eq!(t("host=h"), Duration::from_secs(7));
+        assert_eq!(t("host=h connect_timeout=0"), Duration::from_secs(7));
+    }
+
+    #[test]
+    fn hosts_ports_and_hostaddrs_pair_up() {
+        let s = Settings::from_env(
+            Some("host=a,b hostaddr=10.0.0.1,10.0.0.2 port=1,2 user=u"),
+            env_of(&[]),
+        )
+        .unwrap();
+        assert_eq!(hosts(&s), ["a:1", "b:2"]);
+        assert_eq!(s.targets[1].hostaddr, Some("10.0.0.2".parse().unwrap()));
+        let s = Settings::from_env(Some("hostaddr=::1 user=u"), env_of(&[])).unwrap();
+        assert_eq!(hosts(&s), ["[::1]:5432"]);
+        assert!(Settings::from_env(Some("host=a,b,c port=1,2 user=u"), env_of(&[])).is_err());
+    }
+
+    #[test]
+    fn a_service_fills_what_the_string_left_out_and_beats_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("services.conf");
+        std::fs::write(
+            &file,
+            "[svc]\nhost=svc-host\nport=6000\ndbname=svc-db\nuser=svc-user\nsslmode=require\nconnect_timeout=4\n",
+        )
+        .unwrap();
+        let file = file.display().to_string();
+        let env = env_of(&[
+            ("PGSERVICEFILE", &file),
+            ("PGHOST", "env-host"),
+            ("PGDATABASE", "env-db"),
+            ("PGSSLMODE", "disable"),
+        ]);
+        let s = Settings::from_env(Some("service=svc user=mine"), &env).unwrap();
+        assert_eq!(hosts(&s), ["svc-host:6000"]);
+        assert_eq!(s.base.get_dbname(), Some("svc-db"));
+        assert_eq!(s.base.get_user(), Some("mine"), "the string wins");
+        assert_eq!(s.base.get_ssl_mode(), SslMode::Require);
+        assert_eq!(s.connect_timeout, Duration::from_secs(4));
+        let s = Settings::from_env(Some("postgres://url-host/url-db?service=svc"), &env).unwrap();
+        assert_eq!(hosts(&s), ["url-host:5432"]);
+        assert_eq!(s.base.get_dbname(), Some("url-db"));
+        let env = env_of(&[("PGSERVICEFILE", &file), ("PGSERVICE", "svc")]);
+        assert_eq!(
+            Settings::from_env(None, &env).unwrap().base.get_dbname(),
+            Some("svc-db")
+        );
+        let env = env_of(&[("PGSERVICEFILE", &file), ("PGSERVICE", "nope")]);
+        let err = Settings::from_env(None, &env).err().unwrap();
+        assert!(
+            format!("{err}").contains("service \"nope\" not found"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_password_file_is_matched_per_host_only_without_a_password() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pgpass");
+        std::fs::write(
+            &file,
+            "localhost:5432:*:u:socket-pw\nb:5432:db:u:b-pw\n*:*:*:other:nope\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let file = file.display().to_string();
+        let env = env_of(&[("PGPASSFILE", &file)]);
+        let s = Settings::from_env(Some("host=/var/run/postgresql,a,b user=u dbname=db"), &env)
             .unwrap();
-        assert!(!format!("{err:#}").contains("s3cret"));
+        let pw = |i: usize| {
+            s.config_for(&s.targets[i])
+                .get_password()
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+        };
+        assert_eq!(
+            pw(0).as_deref(),
+            Some("socket-pw"),
+            "localhost means the socket"
+        );
+        assert_eq!(pw(1), None);
+        assert_eq!(pw(2).as_deref(), Some("b-pw"));
+        let s = Settings::from_env(Some("host=b user=u dbname=db password=given"), &env).unwrap();
+        assert_eq!(
+            s.config_for(&s.targets[0]).get_password(),
+            Some(&b"given"[..])
+        );
+        let s = Settings::from_env(
+            Some(&format!("host=b user=u dbname=db passfile={file}")),
+            env_of(&[]),
+        )
+        .unwrap();
+        assert_eq!(
+            s.config_for(&s.targets[0]).get_password(),
+            Some(&b"b-pw"[..])
+        );
+    }
+
+    #[test]
+    fn the_failure_line_names_every_host_and_leads_with_a_servers_answer() {
+        let s = Settings::from_env(
+            Some("host=a,b user=u dbname=d connect_timeout=3"),
+            env_of(&[]),
+        )
+        .unwrap();
+        let one = s.failure(&[(s.targets[0].clone(), Attempt::Silent)]);
+        assert_eq!(
+            one,
+            "cannot connect to PostgreSQL at a:5432 as user \"u\", database \"d\": no answer within 3s"
+        );
+        let both = s.failure(&[
+            (s.targets[0].clone(), Attempt::Silent),
+            (s.targets[1].clone(), Attempt::Silent),
+        ]);
+        assert_eq!(
+            both,
+            "cannot connect to PostgreSQL as user \"u\", database \"d\": a:5432: no answer within 3s; b:5432: no answer within 3s"
+        );
     }
 }

@@ -6,8 +6,11 @@
 //! [`crate::store`].
 
 pub mod connect;
+pub mod conninfo;
 pub mod migrate;
 pub mod notify;
+pub mod pgpass;
+pub mod service;
 pub mod session;
 pub mod tls;
 

@@ -10,6 +10,7 @@ mod common;
 
 mod cli;
 mod completions;
+mod connect;
 mod events;
 mod faults;
 mod harness;
