@@ -119,7 +119,7 @@ pub async fn connect(db: &DbArgs) -> Result<Db> {
         let window = statement_window()?;
         // Bounded like every duration a user gives, so the sum cannot overflow an instant.
         let limit = settings.connect_budget().saturating_add(window);
-        let at = Instant::now() + limit.min(crate::config::MAX_DURATION);
+        let at = crate::config::deadline(Instant::now(), limit);
         let what = format!(
             "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
             settings.describe(),

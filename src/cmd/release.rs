@@ -34,7 +34,7 @@ pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
     }
     // The old holder cannot run past its TTL after its last heartbeat; measured from before
     // the release was sent, so never later than on the database's clock.
-    let expires_at = started + h.expires_in;
+    let expires_at = crate::config::deadline(started, h.expires_in);
     super::extend_deadline(h.expires_in);
     let outcome = loop {
         if let Some((run, _)) =

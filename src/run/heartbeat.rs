@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout, Instant};
 
+use crate::config::deadline;
 use crate::db::{self, Db};
 use crate::store::leases::{self, Lease};
 
@@ -48,8 +49,8 @@ impl<'a> Heartbeat<'a> {
             budget,
             ttl: times.ttl,
             kill_after: times.kill_after,
-            next_at: sent + times.interval,
-            stop_at: sent + budget,
+            next_at: deadline(sent, times.interval),
+            stop_at: deadline(sent, budget),
             failures: 0,
             watch: false,
             listen: false,
@@ -75,7 +76,7 @@ impl<'a> Heartbeat<'a> {
     /// the database's clock, a margin after it. A stop that starts late (leasectl paused, a
     /// timer fired late) still kills by then, so no grace outlives the lease.
     pub fn kill_at(&self) -> Instant {
-        self.stop_at + self.kill_after
+        deadline(self.stop_at, self.kill_after)
     }
 
     /// Runs until the lease is lost; returns why. Cancel-safe: dropping the future between
@@ -116,8 +117,8 @@ impl<'a> Heartbeat<'a> {
                         );
                     }
                     self.failures = 0;
-                    self.stop_at = sent + self.budget;
-                    self.next_at = sent + self.interval;
+                    self.stop_at = deadline(sent, self.budget);
+                    self.next_at = deadline(sent, self.interval);
                 }
                 Ok(Ok(false)) => {
                     // Someone else may run from now on: the grace starts now at the latest.

@@ -30,7 +30,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
-use crate::config::{RunConfig, Wait};
+use crate::config::{deadline, RunConfig, Wait};
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::process::Capture;
@@ -87,7 +87,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
 
     // `--wait=DUR` counts from here, across every attempt.
     let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(Instant::now() + d),
+        Some(Wait::Upto(d)) => Some(deadline(Instant::now(), d)),
         _ => None,
     };
     loop {
@@ -348,7 +348,7 @@ async fn supervise(
     signals: &mut Signals,
     started: Instant,
 ) -> Ended {
-    let timeout_at = cfg.timeout.map(|t| started + t);
+    let timeout_at = cfg.timeout.map(|t| deadline(started, t));
     tokio::select! {
         status = child.wait() => exited(status),
         // A child that already exited (say while leasectl was paused past the TTL) goes to the
@@ -407,7 +407,7 @@ async fn stop_keeping_the_lease(
     cfg: &RunConfig,
     (first, outcome, exit): (Signal, Outcome, Exit),
 ) -> Ended {
-    let kill_at = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+    let kill_at = deadline(Instant::now(), cfg.kill_after).min(hb.kill_at());
     let stop = child.stop(first, kill_at);
     tokio::pin!(stop);
     let mut lost = None;
@@ -441,14 +441,14 @@ async fn wind_up(
     cfg: &RunConfig,
     completed: bool,
 ) -> (Capture, Capture) {
-    let leftovers_by = (Instant::now() + cfg.kill_after).min(hb.kill_at());
+    let leftovers_by = deadline(Instant::now(), cfg.kill_after).min(hb.kill_at());
     let tail = async {
         if !completed {
             child.kill_leftovers();
         } else if child.end_leftovers(leftovers_by).await {
             warn!("the command left processes running in its process group; they were stopped");
         }
-        child.finish(Instant::now() + cfg.kill_after).await
+        child.finish(deadline(Instant::now(), cfg.kill_after)).await
     };
     tokio::pin!(tail);
     tokio::select! {
@@ -476,7 +476,7 @@ async fn store(
     record: &RunRecord<'_>,
     exit: Exit,
 ) -> Result<Exit> {
-    let give_up_at = Instant::now() + cfg.ttl.max(Duration::from_secs(10));
+    let give_up_at = deadline(Instant::now(), cfg.ttl.max(Duration::from_secs(10)));
     let mut delay = Duration::from_millis(100);
     let mut attempt = 0;
     loop {
