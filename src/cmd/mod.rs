@@ -111,23 +111,28 @@ fn statement_window() -> Result<Duration> {
     }
 }
 
-/// Connects with the shared database options and brings the schema up to date (and, inside
-/// [`one_shot`], arms its deadline).
+/// Connects with the shared database options and brings the schema up to date, within
+/// `connect_timeout` per host plus the statement window. Inside [`one_shot`] that arms the
+/// command's deadline (which then also covers its statements); for `run` and `relay`, which
+/// bound their own statements, it bounds the connection and the schema check alone.
 pub async fn connect(db: &DbArgs) -> Result<Db> {
     let settings = Settings::new(db.database_url.as_deref())?;
+    let window = statement_window()?;
+    let limit = settings.connect_budget().saturating_add(window);
+    let at = crate::config::deadline(Instant::now(), limit);
+    let what = format!(
+        "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
+        settings.describe(),
+        crate::fmt::duration(window)
+    );
     if DEADLINE.try_with(|_| ()).is_ok() {
-        let window = statement_window()?;
-        // Bounded like every duration a user gives, so the sum cannot overflow an instant.
-        let limit = settings.connect_budget().saturating_add(window);
-        let at = crate::config::deadline(Instant::now(), limit);
-        let what = format!(
-            "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
-            settings.describe(),
-            crate::fmt::duration(window)
-        );
         DEADLINE.with(|d| d.send_replace(Some((at, what))));
+        return Db::connect(settings, Schema::new(&db.schema)).await;
     }
-    Db::connect(settings, Schema::new(&db.schema)).await
+    match tokio::time::timeout_at(at, Db::connect(settings, Schema::new(&db.schema))).await {
+        Ok(connected) => connected,
+        Err(_) => Err(Failure::Unavailable(what).into()),
+    }
 }
 
 /// Writes to stdout, treating a closed pipe (`leasectl … | head`) as success.

@@ -228,6 +228,25 @@ fn a_one_shot_command_on_a_server_gone_silent_after_startup_exits_69() {
         stderr(&out)
     );
 
+    // run and relay bound their own statements, and their connection and schema check too.
+    for args in [
+        &["run", "--target", "t", "--", "true"][..],
+        &["relay", "--once", "--sink", "stdout"][..],
+    ] {
+        let (out, took) = timed(
+            bare(&env)
+                .env("LEASECTL_STATEMENT_TIMEOUT", "2s")
+                .args(["--database-url", &url])
+                .args(args),
+        );
+        assert_one_line_error(
+            &out,
+            69,
+            &format!("no answer from PostgreSQL at 127.0.0.1:{port}"),
+        );
+        assert!(took < BOUND, "{args:?} took {took:?}");
+    }
+
     let out = bare(&env)
         .env("LEASECTL_STATEMENT_TIMEOUT", "soon")
         .args(["--database-url", &url, "status"])
