@@ -241,9 +241,15 @@ mod tests {
     #[test]
     fn a_deadline_never_overflows() {
         let now = tokio::time::Instant::now();
-        assert_eq!(deadline(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+        assert_eq!(
+            deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
         let far = deadline(now, Duration::MAX);
-        assert!(far >= now + MAX_DURATION, "saturates at the latest representable deadline");
+        assert!(
+            far >= now + MAX_DURATION,
+            "saturates at the latest representable deadline"
+        );
     }
 
     #[test]

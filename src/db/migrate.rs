@@ -41,6 +41,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "relay",
         sql: include_str!("../../migrations/0002_relay.sql"),
     },
+    Migration {
+        version: 3,
+        name: "cron",
+        sql: include_str!("../../migrations/0003_cron.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -172,20 +172,29 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2"
+        "1,2,3"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 2\n", env.schema)
+        format!("schema \"{}\" is at version 3\n", env.schema)
     );
 }
+
+/// Takes a current schema back to version 2 (what migration 0003 adds, removed).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 3;
+     DROP TABLE expectations, incidents; DROP INDEX runs_target_slot;
+     ALTER TABLE runs DROP COLUMN slot, DROP COLUMN slot_end, DROP COLUMN done_by, DROP COLUMN events,
+                      DROP CONSTRAINT runs_outcome_check;
+     ALTER TABLE runs ADD CONSTRAINT runs_outcome_check
+         CHECK (outcome IN ('completed', 'timed_out', 'interrupted', 'lost', 'exec_failed'));";
 
 #[test]
 fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     let env = Env::new();
     assert_eq!(code(&env.run(&["run", "--target", "old", "--", "true"])), 0);
     // Put the schema back to what a version-1 leasectl left behind.
+    env.sql(UNDO_V3);
     env.sql(
         "DELETE FROM schema_migrations WHERE version = 2;
          DROP INDEX outbox_held; DROP INDEX runs_finished;
@@ -197,7 +206,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2"
+        "1,2,3"
     );
     assert_eq!(
         env.scalar(&format!(
@@ -247,6 +256,7 @@ fn a_ledger_from_before_checksums_gets_them_on_upgrade_and_they_are_checked() {
     let sums = "SELECT string_agg(version || ':' || encode(checksum, 'hex'), ',' ORDER BY version) FROM schema_migrations";
     let recorded = env.scalar(sums);
     // A ledger as a leasectl without checksums left it, at version 1.
+    env.sql(UNDO_V3);
     env.sql("ALTER TABLE schema_migrations DROP COLUMN checksum; DELETE FROM schema_migrations WHERE version = 2;
              DROP INDEX outbox_held; DROP INDEX runs_finished;
              CREATE INDEX outbox_aggregate_seq ON outbox (aggregate_type, aggregate_id, seq);");

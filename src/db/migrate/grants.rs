@@ -68,6 +68,14 @@ pub const GRANTS: &[Grant] = &[
         privileges: READ_WRITE,
         on: Object::Table("outbox"),
     },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("expectations"),
+    },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("incidents"),
+    },
 ];
 
 impl Object {
