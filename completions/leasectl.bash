@@ -19,6 +19,9 @@ _leasectl() {
             leasectl,completions)
                 cmd="leasectl__subcmd__completions"
                 ;;
+            leasectl,emit)
+                cmd="leasectl__subcmd__emit"
+                ;;
             leasectl,help)
                 cmd="leasectl__subcmd__help"
                 ;;
@@ -51,6 +54,9 @@ _leasectl() {
                 ;;
             leasectl__subcmd__help,completions)
                 cmd="leasectl__subcmd__help__subcmd__completions"
+                ;;
+            leasectl__subcmd__help,emit)
+                cmd="leasectl__subcmd__help__subcmd__emit"
                 ;;
             leasectl__subcmd__help,help)
                 cmd="leasectl__subcmd__help__subcmd__help"
@@ -122,7 +128,7 @@ _leasectl() {
 
     case "${cmd}" in
         leasectl)
-            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release relay outbox prune migrate completions help"
+            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release relay outbox prune migrate emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -165,8 +171,46 @@ _leasectl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        leasectl__subcmd__emit)
+            opts="-v -h -V --aggregate-type --aggregate-id --type --payload --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --aggregate-type)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --aggregate-id)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --type)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --payload)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         leasectl__subcmd__help)
-            opts="run status runs output release relay outbox prune migrate completions help"
+            opts="run status runs output release relay outbox prune migrate emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -180,6 +224,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help__subcmd__completions)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__emit)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -692,7 +750,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --heartbeat --wait --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --database-url --schema --verbose --help --version"
+            opts="-q -v -h -V --target --ttl --heartbeat --wait --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -735,6 +793,10 @@ _leasectl() {
                     return 0
                     ;;
                 --capture-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --events-limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -38,6 +38,7 @@ complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "relay" -d 'Publis
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "emit" -d 'Append an outbox event to the running command\'s $LEASECTL_EVENTS (inside `leasectl run`)'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l target -d 'What to hold the lease on: 1–200 characters, no control characters' -r
@@ -50,6 +51,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l busy-exit-code -d 'Exit code when another holder has the lease' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 'Type of the outbox event stored with the result' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l events-limit -d 'Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores the run without any of them and exits 65' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l no-event -d 'Store the result without an outbox event'
@@ -146,22 +148,32 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l schema -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l aggregate-type -d 'The event\'s aggregate type (e.g. invoice)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l aggregate-id -d 'The event\'s aggregate id; events of one aggregate are published in order' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l type -d 'The event type (e.g. invoice.sent)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l payload -d 'The payload, a JSON value; without it, read from stdin' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s V -l version -d 'Print version'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "completions" -d 'Print shell completions'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "emit" -d 'Append an outbox event to the running command\'s $LEASECTL_EVENTS (inside `leasectl run`)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "completions" -d 'Print shell completions'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'

@@ -106,6 +106,9 @@ Example:\n  leasectl release --target nightly-report --force"
     /// Apply pending schema migrations (every command also does this itself), or print grants
     #[command(after_help = MIGRATE_HELP)]
     Migrate(MigrateArgs),
+    /// Append an outbox event to the running command's $LEASECTL_EVENTS (inside `leasectl run`)
+    #[command(after_help = EMIT_HELP)]
+    Emit(EmitArgs),
     /// Print shell completions
     #[command(
         after_help = "Examples:\n  leasectl completions bash > /etc/bash_completion.d/leasectl\n  leasectl completions zsh > ~/.zfunc/_leasectl"
@@ -180,10 +183,28 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_byte_size, default_value = "1MiB", value_name = "BYTES")]
     pub capture_limit: usize,
 
+    /// Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores
+    /// the run without any of them and exits 65
+    #[arg(long, value_parser = parse_byte_size, default_value = "10MiB", value_name = "BYTES")]
+    pub events_limit: usize,
+
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
 }
+
+const EMIT_HELP: &str = "\
+For a command running under `leasectl run`: appends one line to the file named by
+$LEASECTL_EVENTS, checked, so shell jobs need no JSON quoting. leasectl inserts the file's events
+in the same transaction that stores the run's result, after the run's own event and in file
+order: they exist if and only if the run was stored by the lease's current holder (a run that
+lost its lease stores none; its `lost` record keeps them). A malformed line written by other
+means, or more than --events-limit bytes, stores the run without any of them and exits 65.
+Outside `leasectl run` it is a usage error (exit 2).
+
+Examples:
+  leasectl emit --aggregate-type invoice --aggregate-id \"$ID\" --type invoice.sent --payload '{\"total\": 42}'
+  jq -n --arg f \"$FILE\" '{file: $f}' | leasectl emit --aggregate-type export --aggregate-id daily --type export.ready";
 
 const RELAY_HELP: &str = "\
 Publishes pending outbox events — leasectl's own and those applications insert in their own
@@ -411,6 +432,22 @@ pub struct ReleaseArgs {
     /// Return once the lease is broken, without waiting for the old holder to stop
     #[arg(long)]
     pub no_wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct EmitArgs {
+    /// The event's aggregate type (e.g. invoice)
+    #[arg(long, value_name = "TYPE")]
+    pub aggregate_type: String,
+    /// The event's aggregate id; events of one aggregate are published in order
+    #[arg(long, value_name = "ID")]
+    pub aggregate_id: String,
+    /// The event type (e.g. invoice.sent)
+    #[arg(long = "type", value_name = "TYPE")]
+    pub event_type: String,
+    /// The payload, a JSON value; without it, read from stdin
+    #[arg(long, value_name = "JSON")]
+    pub payload: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -149,6 +149,8 @@ pub struct RunConfig {
     pub event_type: Option<String>,
     pub quiet: bool,
     pub capture_limit: usize,
+    /// The most bytes the command may write to `LEASECTL_EVENTS`.
+    pub events_limit: usize,
     pub command: Vec<OsString>,
 }
 
@@ -200,6 +202,12 @@ impl RunConfig {
                 a.capture_limit
             )));
         }
+        if a.events_limit > MAX_CAPTURE_LIMIT {
+            return Err(usage(format!(
+                "--events-limit {} is too large (at most 256MiB: the events travel to PostgreSQL in one message with the run)",
+                a.events_limit
+            )));
+        }
         if a.timeout.is_some_and(|t| t.is_zero()) {
             return Err(usage("--timeout must be longer than 0"));
         }
@@ -229,6 +237,7 @@ impl RunConfig {
             event_type,
             quiet: a.quiet,
             capture_limit: a.capture_limit,
+            events_limit: a.events_limit,
             command: a.command,
         })
     }

@@ -16,6 +16,9 @@ pub enum Exit {
     Code(u8),
     /// 2: usage error.
     Usage,
+    /// 65: the command's `LEASECTL_EVENTS` were malformed or too large; the run was stored
+    /// without them.
+    DataError,
     /// 69: database unreachable or it rejected the connection.
     Unavailable,
     /// 70: internal error.
@@ -38,6 +41,7 @@ pub enum Exit {
 
 impl Exit {
     pub const USAGE: u8 = 2;
+    pub const DATA_ERROR: u8 = 65;
     pub const UNAVAILABLE: u8 = 69;
     pub const INTERNAL: u8 = 70;
     pub const BUSY: u8 = 75;
@@ -53,6 +57,7 @@ impl Exit {
         match self {
             Exit::Code(c) | Exit::Busy(c) => c,
             Exit::Usage => Self::USAGE,
+            Exit::DataError => Self::DATA_ERROR,
             Exit::Unavailable => Self::UNAVAILABLE,
             Exit::Internal => Self::INTERNAL,
             Exit::LeaseLost => Self::LEASE_LOST,

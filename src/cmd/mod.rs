@@ -1,6 +1,7 @@
 //! One module per subcommand: each takes its parsed arguments and returns an [`Exit`].
 
 pub mod completions;
+pub mod emit;
 pub mod migrate;
 pub mod outbox;
 pub mod output;
@@ -37,6 +38,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Outbox(a) => one_shot(outbox::run(db, a)).await,
         Command::Prune(a) => one_shot(prune::run(db, a)).await,
         Command::Migrate(a) => one_shot(migrate::run(db, a)).await,
+        Command::Emit(a) => emit::run(a),
         Command::Completions(a) => completions::run(a),
     };
     // The one place a "permission denied" becomes a line naming the privilege (exit 77).

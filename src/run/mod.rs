@@ -18,6 +18,7 @@
 //! host, a black-holed connection) must never keep leasectl, or its lease, waiting forever.
 
 mod child;
+pub mod events;
 pub mod heartbeat;
 mod wait;
 
@@ -38,6 +39,7 @@ use crate::signals::Signals;
 use crate::store::leases::{self, DbClock, Lease};
 use crate::store::runs::{self, Outcome, RunRecord, Saved};
 use child::{Child, Spec};
+use events::{EventsFile, JobEvents};
 use heartbeat::Heartbeat;
 use wait::{obtain, Obtained};
 
@@ -256,14 +258,28 @@ async fn execute(
         db_time: lease.granted_at,
         local: acquired_at,
     };
+    let events_file = match EventsFile::create() {
+        Ok(f) => Some(f),
+        Err(e) => {
+            warn!(
+                "cannot create the file for the command's events ({e}); it runs without {}",
+                events::VAR
+            );
+            None
+        }
+    };
+    let mut env = vec![
+        ("LEASECTL_TARGET", lease.target.clone()),
+        ("LEASECTL_TOKEN", lease.token.to_string()),
+        ("LEASECTL_FENCE", lease.fence.to_string()),
+    ];
+    if let Some(f) = &events_file {
+        env.push((events::VAR, f.path().to_string_lossy().into_owned()));
+    }
     let started = Instant::now();
     let spec = Spec {
         argv: &cfg.command,
-        env: vec![
-            ("LEASECTL_TARGET", lease.target.clone()),
-            ("LEASECTL_TOKEN", lease.token.to_string()),
-            ("LEASECTL_FENCE", lease.fence.to_string()),
-        ],
+        env,
         echo: !cfg.quiet,
         capture_limit: cfg.capture_limit,
     };
@@ -286,6 +302,8 @@ async fn execute(
         stdout_truncated: false,
         stderr_truncated: false,
         error: None,
+        events_kept: None,
+        job_events: None,
     };
     let mut child = match Child::spawn(spec) {
         Ok(c) => c,
@@ -311,18 +329,33 @@ async fn execute(
     } else {
         end.outcome
     };
+    let job = events_file
+        .as_ref()
+        .map_or(JobEvents::None, |f| f.read(cfg.events_limit));
+    let (job_events, events_kept, refused) = match &job {
+        JobEvents::None => (None, None, None),
+        JobEvents::Valid(events, raw) => (Some(events), Some(raw.as_slice()), None),
+        JobEvents::Refused(why, raw) => (None, Some(raw.as_slice()), Some(why.clone())),
+    };
+    let mut exit = end.exit;
+    if let (Some(why), None) = (&refused, &end.lost) {
+        say!("{why}; the run is stored without any of the command's events (exit 65)");
+        exit = Exit::DataError;
+    }
     let run = RunRecord {
         stdout: &out.bytes,
         stderr: &err.bytes,
         stdout_truncated: out.truncated,
         stderr_truncated: err.truncated,
-        error: end.lost.clone(),
+        error: end.lost.clone().or(refused),
+        events_kept,
+        job_events,
         ..record(outcome, Some(end.status), ended)
     };
     if end.lost.is_some() {
         return record_lost(db, cfg, lease, &run).await;
     }
-    store(db, cfg, lease, &run, end.exit).await
+    store(db, cfg, lease, &run, exit).await
 }
 
 /// A test-only trigger (debug builds): panics once the file named by `LEASECTL_TEST_PANIC`

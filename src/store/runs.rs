@@ -15,14 +15,14 @@ use crate::db::Schema;
 use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
 
-/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$17`: written once for
+/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$18`: written once for
 /// both inserts (the fenced save and the `lost` record).
 const INSERT_RUN: &str =
     "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
                            finished_at, exit_code, signal, stdout, stderr, stdout_truncated,
-                           stderr_truncated, error)";
+                           stderr_truncated, error, events)";
 const RUN_VALUES: &str =
-    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17";
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18";
 
 /// How a run ended, as stored in `runs.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +78,13 @@ pub struct RunRecord<'a> {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub error: Option<String>,
+    /// The command's `LEASECTL_EVENTS` lines as written (at most `--events-limit`), kept in
+    /// the row — the operator's copy when they were not stored as events (a `lost` run, or
+    /// refused lines).
+    pub events_kept: Option<&'a [u8]>,
+    /// The command's events to insert after the run's own, as a JSON array of
+    /// `{aggregate_type, aggregate_id, type, payload}` (see `run::events`).
+    pub job_events: Option<&'a serde_json::Value>,
 }
 
 /// The result of the fenced save.
@@ -97,9 +104,10 @@ pub enum Saved {
 ///   nobody can take the lease over (they block on the row lock), so a holder that was taken
 ///   over can never write a result or an event: with no `owner` row, every later step selects
 ///   from an empty set and nothing is written.
-/// * `run` inserts the run; `event` builds the outbox payload from the stored row, so its
-///   timestamps are exactly the stored ones; `released` frees the lease and wakes waiters
-///   (NOTIFY is delivered at commit, after the result is visible).
+/// * `run` inserts the run; `event` inserts the run's outbox event and then the command's own
+///   events (`LEASECTL_EVENTS`), in that order, in one INSERT so that `seq` follows it;
+///   `released` frees the lease and wakes waiters (NOTIFY is delivered at commit, after the
+///   result is visible).
 ///
 /// One statement instead of BEGIN/SELECT/INSERT/INSERT/UPDATE/COMMIT saves five round trips,
 /// most of a short run's cost. It also notifies relays itself and sets
@@ -140,12 +148,21 @@ pub async fn save_fenced(
              RETURNING target
          ), event AS (
              INSERT INTO {{s}}.outbox (aggregate_type, aggregate_id, type, payload)
-             SELECT 'leasectl.target', run.target, $18, $19 FROM run WHERE $18::text IS NOT NULL
-             RETURNING pg_notify($21, '')
+             SELECT e.aggregate_type, e.aggregate_id, e.type, e.payload FROM (
+                 SELECT 0::int8 AS ord, 'leasectl.target' AS aggregate_type,
+                        run.target AS aggregate_id, $19::text AS type, $20::jsonb AS payload
+                   FROM run WHERE $19::text IS NOT NULL
+                 UNION ALL
+                 SELECT j.ord, j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type',
+                        j.e->'payload'
+                   FROM run, jsonb_array_elements(coalesce($23::jsonb, '[]'))
+                             WITH ORDINALITY AS j(e, ord)
+             ) e ORDER BY e.ord
+             RETURNING pg_notify($22, '')
          ), released AS (
              UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($20, l.target)
+             RETURNING pg_notify($21, l.target)
          )
          SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
                 (SELECT count(*) FROM released) AS released"
@@ -161,6 +178,7 @@ pub async fn save_fenced(
         (&payload, Type::JSONB),
         (&lease_channel, Type::TEXT),
         (&outbox_channel, Type::TEXT),
+        (&run.job_events, Type::JSONB),
     ]);
     let row = client.query_typed_one(&sql, &params).await?;
     let stored: i64 = row.get("runs");
@@ -213,6 +231,7 @@ impl RunFields {
             (&run.stdout_truncated, Type::BOOL),
             (&run.stderr_truncated, Type::BOOL),
             (&run.error, Type::TEXT),
+            (&run.events_kept, Type::BYTEA),
         ]
     }
 }
@@ -243,6 +262,7 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
         "stdout_truncated": run.stdout_truncated,
         "stderr_bytes": run.stderr.len(),
         "stderr_truncated": run.stderr_truncated,
+        "job_events": run.job_events.and_then(serde_json::Value::as_array).map_or(0, Vec::len),
     })
 }
 

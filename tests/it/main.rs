@@ -15,6 +15,7 @@ mod events;
 mod faults;
 mod harness;
 mod inspect;
+mod job_events;
 mod lease;
 mod pooler;
 mod privileges;
