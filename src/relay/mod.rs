@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, Settle, Statements};
+use crate::store::outbox::{self, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use progress::Progress;
 use publish::Publisher;
@@ -71,7 +71,6 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         },
     )?;
     let mut relay = Relay {
-        stmts: Statements::prepare(&db.client, &db.schema).await?,
         parallel: cfg.parallel.unwrap_or_else(|| sink.parallelism()).max(1),
         sink,
         up_to_seq: i64::MAX,
@@ -111,7 +110,6 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
 struct Relay {
     cfg: RelayConfig,
     sink: Sink,
-    stmts: Statements,
     parallel: usize,
     /// `--once` publishes only events that existed when it started.
     up_to_seq: i64,
@@ -203,7 +201,7 @@ impl Relay {
     /// Claims, publishes and settles one batch in one transaction.
     async fn batch(&mut self, db: &Db) -> Result<BatchReport> {
         let client = &db.client;
-        let claimed = outbox::claim(client, &self.stmts, self.cfg.batch, self.up_to_seq).await?;
+        let claimed = outbox::claim(client, &db.schema, self.cfg.batch, self.up_to_seq).await?;
         if claimed.is_empty() {
             outbox::rollback(client).await?;
             return Ok(BatchReport::default());
@@ -291,7 +289,6 @@ impl Relay {
             }
             let attempt = async {
                 db.reconnect().await?;
-                self.stmts = Statements::prepare(&db.client, &db.schema).await?;
                 self.listen(db).await
             };
             match attempt.await {
