@@ -187,7 +187,8 @@ pub fn published_json(
     out
 }
 
-/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]).
+/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]), so that
+/// the claim's plan, and its cost, do not depend on the outbox's statistics.
 ///
 /// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or autovacuum's)
 /// leaves statistics that say "no rows" until the next ANALYZE. Planned with those, the claim
@@ -196,10 +197,34 @@ pub fn published_json(
 /// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
 /// the `outbox_held` probe), never through a join, and its transaction takes sequential and
 /// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
-/// the window with itself, whatever the statistics say. `SET LOCAL` keeps that to the batch's
-/// transaction; the relay's other statements are planned normally.
+/// the window with itself, whatever the statistics say.
+///
+/// An outbox that was never analyzed (a bulk insert that autovacuum has not caught up with)
+/// has no column statistics at all, and the planner then guesses that almost every row is dead
+/// or waiting out a retry (`dead_at IS NOT NULL` defaults to 99.5%). Two things followed from
+/// that guess, and the two settings below undo them:
+///
+/// * `jit = off`: the estimated cost went into the millions, past `jit_above_cost`, and every
+///   claim was JIT-compiled with inlining and optimisation — about a second per batch for a
+///   statement that runs in milliseconds: a 100k backlog drained at a few hundred events/s
+///   until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
+///   ones; compiling it never pays.
+/// * `hash_mem_multiplier = 1000` (its maximum): the blocked aggregates' lookup (`NOT IN`) is
+///   hashed only if the planner *expects* it to fit in hash memory, and "almost every row" did
+///   not, so it became a rescan of the blocked rows for every row of the window — quadratic
+///   once a few thousand events are dead. The real lookup holds only the blocked aggregates,
+///   and the claim's other hashes hold at most the window, so allowing more hash memory costs
+///   nothing real; it only stops a guess from un-hashing the lookup (up to tens of millions of
+///   guessed rows at the default `work_mem`).
+///
+/// Why not ANALYZE the outbox when its statistics are missing: it needs the table's owner (a
+/// relay often runs as a less privileged role), it would be stale again after the next bulk
+/// insert, and the statistics only ever mattered through the two guesses above. `SET LOCAL`
+/// keeps all of this to the batch's transaction (also behind a transaction-mode pooler); the
+/// relay's other statements are planned normally.
 const BEGIN_CLAIM: &str = "BEGIN;
-    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off";
+    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
+    SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
 /// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
 /// out together (one round trip). On error the transaction is rolled back. The caller ends it

@@ -16,6 +16,7 @@ mod harness;
 mod inspect;
 mod lease;
 mod relay;
+mod relay_backlog;
 mod relay_sinks;
 mod safety;
 mod singleflight;
