@@ -93,6 +93,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         relay.parallel,
         if relay.cfg.once { ", once" } else { "" }
     );
+    relay.progress.refresh_backlog(&db.client, &db.schema).await;
     let result = tokio::select! {
         r = relay.main_loop(&mut db, &stop) => r,
         Ok(sig) = &mut second => {
@@ -163,6 +164,7 @@ impl Relay {
             db_outage.reset();
             went_dead += report.went_dead;
             self.progress.batch(report.delivered);
+            self.progress.refresh_backlog(&db.client, &db.schema).await;
             self.maybe_vacuum(db, report.delivered).await;
 
             if let Some(msg) = report.sink_down {
@@ -247,7 +249,10 @@ impl Relay {
             // The next claim reports (and recovers from) a lost connection.
             Err(_) => return Ok(()),
         }
-        self.progress.idle(&db.client, &db.schema).await;
+        self.progress.refresh_backlog(&db.client, &db.schema).await;
+        if let Some(due) = self.progress.backlog_due_in() {
+            wait = wait.min(due.max(Duration::from_millis(10)));
+        }
         tokio::select! {
             n = db.notifications.recv() => {
                 if n.is_none() {

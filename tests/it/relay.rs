@@ -495,61 +495,120 @@ fn a_relay_whose_stdout_is_closed_exits_69_and_keeps_the_events() {
     assert_eq!(outbox_count(&env), 10, "nothing may be marked delivered");
 }
 
+/// A leasectl running on a pseudo-terminal (script(1)), its stdout to a file, with what the
+/// terminal shows collected as it arrives.
+struct OnTerminal {
+    child: Child,
+    pid: u32,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl OnTerminal {
+    fn start(env: &Env, args: &[&str], out: &Path) -> OnTerminal {
+        let pid_file = env.path("pid");
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+        let line = format!(
+            "echo $$ > {}; exec {} --database-url {} --schema {} {} > {}",
+            quote(pid_file.to_str().unwrap()),
+            quote(bin().to_str().unwrap()),
+            quote(&env.url),
+            quote(&env.schema),
+            args.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
+            quote(out.to_str().unwrap()),
+        );
+        let mut child = std::process::Command::new("script")
+            .args(["-qfc", &line, "/dev/null"])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux is needed for terminal tests");
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pty = child.stdout.take().unwrap();
+        let reader = {
+            let screen = screen.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = pty.read(&mut buf) {
+                    screen
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        };
+        let pid = wait_for_file(&pid_file).parse().unwrap();
+        OnTerminal {
+            child,
+            pid,
+            screen,
+            reader,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    /// Waits for the exit; returns the exit code and everything the terminal showed.
+    fn finish(self) -> (i32, String) {
+        let code = code(&finish(self.child));
+        self.reader.join().unwrap();
+        let screen = self.screen.lock().unwrap().clone();
+        (code, screen)
+    }
+}
+
 #[test]
 fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
     let env = migrated();
     insert_events(&env, 500, 5, 1);
     let out = env.path("out.jsonl");
-    let pid_file = env.path("pid");
-    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-    let line = format!(
-        "echo $$ > {}; exec {} --database-url {} --schema {} relay --sink stdout > {}",
-        quote(pid_file.to_str().unwrap()),
-        quote(bin().to_str().unwrap()),
-        quote(&env.url),
-        quote(&env.schema),
-        quote(out.to_str().unwrap()),
-    );
-    let mut child = std::process::Command::new("script")
-        .args(["-qfc", &line, "/dev/null"])
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("script(1) from util-linux is needed for terminal tests");
-    // What the terminal shows, collected as it arrives.
-    let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let mut pty = child.stdout.take().unwrap();
-    let reader = {
-        let screen = screen.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = pty.read(&mut buf) {
-                screen
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        })
-    };
-    let pid: u32 = wait_for_file(&pid_file).parse().unwrap();
+    let term = OnTerminal::start(&env, &["relay", "--sink", "stdout"], &out);
     wait_for("the events", || line_count(&out) == 500);
     // The line is refreshed with the backlog once the relay is idle.
     wait_for("the progress line with the backlog", || {
-        screen.lock().unwrap().contains("backlog 0 pending")
+        term.screen().contains("backlog 0 pending")
     });
-    kill(pid, libc::SIGTERM);
-    assert_eq!(code(&finish(child)), 0);
-    reader.join().unwrap();
-    let screen = screen.lock().unwrap().clone();
+    kill(term.pid, libc::SIGTERM);
+    let (code, screen) = term.finish();
+    assert_eq!(code, 0);
     assert!(screen.contains("500 delivered"), "{screen:?}");
     assert!(screen.contains("events/s"), "{screen:?}");
     assert!(
         screen.contains("backlog 0 pending (0 retrying), 0 dead"),
         "{screen:?}"
     );
+}
+
+#[test]
+fn on_a_terminal_the_progress_line_shows_the_backlog_going_down_while_draining() {
+    // `--once` is never idle, and neither is a relay working through a large backlog: the
+    // line used to show the backlog only when idle, so exactly when it mattered it showed none.
+    let env = migrated();
+    insert_events(&env, 10, 10, 1);
+    let out = env.path("out.jsonl");
+    // One event per batch, each delivery a little slow: the drain takes seconds.
+    let sink = format!(
+        "exec:sleep 0.3; cat >> '{}'",
+        env.path("delivered").display()
+    );
+    let args = ["relay", "--once", "--batch", "1", "--sink", &sink];
+    let term = OnTerminal::start(&env, &args, &out);
+    wait_for("the backlog as the relay starts", || {
+        term.screen()
+            .contains("backlog 10 pending (0 retrying), 0 dead")
+    });
+    let part_way = |screen: &str| (1..10).any(|n| screen.contains(&format!("backlog {n} pending")));
+    wait_for("the backlog part way through the drain", || {
+        part_way(&term.screen())
+    });
+    let (code, _) = term.finish();
+    assert_eq!(code, 0);
+    assert_eq!(read_events(&env.path("delivered")).len(), 10);
 }
 
 #[test]
