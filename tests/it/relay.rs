@@ -717,3 +717,138 @@ fn a_burst_after_the_relay_vacuumed_an_empty_outbox_drains_at_full_speed() {
     assert_eq!(code(&relay.finish()), 0);
     assert_per_aggregate_order(&read_events(&out));
 }
+
+/// A pgbouncer in transaction mode with ONE server connection, in front of the test database:
+/// every session's transactions run on that one connection, so a named prepared statement
+/// ("s0", …) left there by one leasectl clashes with the next one's ("already exists").
+struct Pooler {
+    child: Child,
+    port: u16,
+}
+
+impl Pooler {
+    fn start(env: &Env) -> Pooler {
+        let socket_dir = ["/var/run/postgresql", "/tmp"]
+            .into_iter()
+            .find(|d| Path::new(d).join(".s.PGSQL.5432").exists())
+            .expect("the test database's Unix socket (/var/run/postgresql or /tmp)");
+        let user = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .unwrap()
+            .expect("the current OS user")
+            .name;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = env.path("pgbouncer");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n")).unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]
+leasectl_test = host={socket_dir} port=5432 dbname=leasectl_test
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {dir}/users.txt
+pool_mode = transaction
+default_pool_size = 1
+max_client_conn = 50
+ignore_startup_parameters = extra_float_digits
+",
+                dir = dir.display()
+            ),
+        )
+        .unwrap();
+        // Debian installs it in /usr/sbin, which a user's PATH may lack.
+        let program = Some("/usr/sbin/pgbouncer")
+            .filter(|p| Path::new(p).exists())
+            .unwrap_or("pgbouncer");
+        let mut cmd = std::process::Command::new(program);
+        // pgbouncer refuses to run as root; it drops to the `postgres` user then, who must be
+        // able to read its files.
+        if nix::unistd::geteuid().is_root() {
+            use std::os::unix::fs::PermissionsExt;
+            for p in [env.dir.path(), dir.as_path()] {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            cmd.args(["-u", "postgres"]);
+        }
+        let child = cmd
+            .arg(dir.join("pgbouncer.ini"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("pgbouncer is needed for the pooler tests (scripts/test installs it)");
+        wait_for("pgbouncer to listen", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Pooler { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("host=127.0.0.1 port={} dbname=leasectl_test", self.port)
+    }
+}
+
+impl Drop for Pooler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_relay_and_the_outbox_commands_work_through_a_transaction_mode_pooler() {
+    if std::env::var("LEASECTL_TEST_DATABASE_URL").is_ok() {
+        eprintln!("skipped: the pooler is set up for the default local test database only");
+        return;
+    }
+    let env = migrated();
+    let pooler = Pooler::start(&env);
+    let through = |args: &[&str]| env.command_at(&pooler.url()).args(args).output_in_time();
+    // Every command below used to leave a named statement on the pooler's one server
+    // connection, and the next one failed with `prepared statement "s0" already exists`.
+    for round in 0..2 {
+        insert_events(&env, 300, 7, 1 + round * 300);
+        let o = through(&["relay", "--once", "--batch", "50", "--sink", "stdout"]);
+        assert_eq!(code(&o), 0, "relay, round {round}: {}", stderr(&o));
+        assert_eq!(stdout(&o).lines().count(), 300, "round {round}");
+        assert_eq!(outbox_count(&env), 0);
+    }
+    // A refused event goes back with its attempt (the restore statement), then is retried.
+    insert_events(&env, 1, 1, 1_000);
+    let o = through(&[
+        "relay",
+        "--once",
+        "--sink",
+        "exec:exit 3",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(code(&o), 1, "went dead: {}", stderr(&o));
+    let id = env.scalar("SELECT id::text FROM outbox");
+    for _ in 0..2 {
+        let o = through(&["outbox", "list", "--json"]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let o = through(&["outbox", "retry", &id]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    for _ in 0..2 {
+        let o = through(&[
+            "outbox",
+            "discard",
+            "--force",
+            "00000000-0000-0000-0000-000000000000",
+        ]);
+        assert_eq!(code(&o), 1, "no such event: {}", stderr(&o));
+    }
+    let o = through(&["outbox", "discard", "--force", &id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(outbox_count(&env), 0);
+}
