@@ -759,6 +759,8 @@ pool_mode = transaction
 default_pool_size = 1
 max_client_conn = 50
 ignore_startup_parameters = extra_float_digits
+log_connections = 0
+log_disconnections = 0
 ",
                 dir = dir.display()
             ),
@@ -778,7 +780,7 @@ ignore_startup_parameters = extra_float_digits
             }
             cmd.args(["-u", "postgres"]);
         }
-        let child = cmd
+        let mut child = cmd
             .arg(dir.join("pgbouncer.ini"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -786,6 +788,11 @@ ignore_startup_parameters = extra_float_digits
             .spawn()
             .expect("pgbouncer is needed for the pooler tests (scripts/test installs it)");
         wait_for("pgbouncer to listen", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut err = String::new();
+                let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err);
+                panic!("pgbouncer exited ({status}): {err}");
+            }
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
         Pooler { child, port }
