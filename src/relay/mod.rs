@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, Settle, Statements};
+use crate::store::outbox::{self, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use progress::Progress;
 use publish::Publisher;
@@ -71,7 +71,6 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         },
     )?;
     let mut relay = Relay {
-        stmts: Statements::prepare(&db.client, &db.schema).await?,
         parallel: cfg.parallel.unwrap_or_else(|| sink.parallelism()).max(1),
         sink,
         up_to_seq: i64::MAX,
@@ -94,6 +93,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         relay.parallel,
         if relay.cfg.once { ", once" } else { "" }
     );
+    relay.progress.refresh_backlog(&db.client, &db.schema).await;
     let result = tokio::select! {
         r = relay.main_loop(&mut db, &stop) => r,
         Ok(sig) = &mut second => {
@@ -111,7 +111,6 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
 struct Relay {
     cfg: RelayConfig,
     sink: Sink,
-    stmts: Statements,
     parallel: usize,
     /// `--once` publishes only events that existed when it started.
     up_to_seq: i64,
@@ -165,6 +164,7 @@ impl Relay {
             db_outage.reset();
             went_dead += report.went_dead;
             self.progress.batch(report.delivered);
+            self.progress.refresh_backlog(&db.client, &db.schema).await;
             self.maybe_vacuum(db, report.delivered).await;
 
             if let Some(msg) = report.sink_down {
@@ -203,7 +203,7 @@ impl Relay {
     /// Claims, publishes and settles one batch in one transaction.
     async fn batch(&mut self, db: &Db) -> Result<BatchReport> {
         let client = &db.client;
-        let claimed = outbox::claim(client, &self.stmts, self.cfg.batch, self.up_to_seq).await?;
+        let claimed = outbox::claim(client, &db.schema, self.cfg.batch, self.up_to_seq).await?;
         if claimed.is_empty() {
             outbox::rollback(client).await?;
             return Ok(BatchReport::default());
@@ -249,7 +249,10 @@ impl Relay {
             // The next claim reports (and recovers from) a lost connection.
             Err(_) => return Ok(()),
         }
-        self.progress.idle(&db.client, &db.schema).await;
+        self.progress.refresh_backlog(&db.client, &db.schema).await;
+        if let Some(due) = self.progress.backlog_due_in() {
+            wait = wait.min(due.max(Duration::from_millis(10)));
+        }
         tokio::select! {
             n = db.notifications.recv() => {
                 if n.is_none() {
@@ -265,6 +268,13 @@ impl Relay {
     }
 
     async fn listen(&mut self, db: &Db) -> Result<()> {
+        if !db.can_listen() {
+            info!(
+                "behind a transaction-mode pooler: new events are found by polling every {}",
+                fmt::duration(self.cfg.poll)
+            );
+            return Ok(());
+        }
         match db::notify::listen(&db.client, &db.schema.outbox_channel()).await {
             Ok(()) => self.listening = true,
             Err(e) if db::is_unavailable(&e) => return Err(e.into()),
@@ -291,7 +301,6 @@ impl Relay {
             }
             let attempt = async {
                 db.reconnect().await?;
-                self.stmts = Statements::prepare(&db.client, &db.schema).await?;
                 self.listen(db).await
             };
             match attempt.await {

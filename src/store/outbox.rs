@@ -26,6 +26,17 @@
 //! relay killed mid-batch leaves them all in place (at-least-once). What was not delivered is
 //! put back by [`restore`] in the same transaction, with its original `seq` and `id`.
 //!
+//! # No session state
+//!
+//! Every statement here is unnamed (`query_typed`, or `batch_execute` where there are no
+//! parameters), never a named prepared statement (`prepare`, or `query(&str, …)` which
+//! prepares "s0", "s1"… behind the scenes): behind a transaction-mode pooler such as pgbouncer
+//! each transaction may run on another server connection, where a named statement is missing
+//! or already exists. For the same reason the claim's planner settings are `SET LOCAL`, inside
+//! its own transaction, and nothing here sets anything for the session. An unnamed statement
+//! is also planned afresh with its actual parameters every time (never a generic plan), and
+//! `BEGIN` with the claim still go out in one round trip.
+//!
 //! The one thing no relay can fix is commit order: an event inserted with a lower `seq` that
 //! commits after a higher one of the same aggregate. SPEC makes applications serialise the
 //! transactions that write one aggregate, as they would any write to it.
@@ -33,8 +44,8 @@
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
 
 use super::{ms, sql};
 use crate::db::Schema;
@@ -176,7 +187,8 @@ pub fn published_json(
     out
 }
 
-/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]).
+/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]), so that
+/// the claim's plan, and its cost, do not depend on the outbox's statistics.
 ///
 /// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or autovacuum's)
 /// leaves statistics that say "no rows" until the next ANALYZE. Planned with those, the claim
@@ -185,42 +197,54 @@ pub fn published_json(
 /// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
 /// the `outbox_held` probe), never through a join, and its transaction takes sequential and
 /// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
-/// the window with itself, whatever the statistics say. `SET LOCAL` keeps that to the batch's
-/// transaction; the relay's other statements are planned normally.
+/// the window with itself, whatever the statistics say.
+///
+/// An outbox that was never analyzed (a bulk insert that autovacuum has not caught up with)
+/// has no column statistics at all, and the planner then guesses that almost every row is dead
+/// or waiting out a retry (`dead_at IS NOT NULL` defaults to 99.5%). Two things followed from
+/// that guess, and the two settings below undo them:
+///
+/// * `jit = off`: the estimated cost went into the millions, past `jit_above_cost`, and every
+///   claim was JIT-compiled with inlining and optimisation — about a second per batch for a
+///   statement that runs in milliseconds: a 100k backlog drained at a few hundred events/s
+///   until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
+///   ones; compiling it never pays.
+/// * `hash_mem_multiplier = 1000` (its maximum): the blocked aggregates' lookup (`NOT IN`) is
+///   hashed only if the planner *expects* it to fit in hash memory, and "almost every row" did
+///   not, so it became a rescan of the blocked rows for every row of the window — quadratic
+///   once a few thousand events are dead. The real lookup holds only the blocked aggregates,
+///   and the claim's other hashes hold at most the window, so allowing more hash memory costs
+///   nothing real; it only stops a guess from un-hashing the lookup (up to tens of millions of
+///   guessed rows at the default `work_mem`).
+///
+/// Why not ANALYZE the outbox when its statistics are missing: it needs the table's owner (a
+/// relay often runs as a less privileged role), it would be stale again after the next bulk
+/// insert, and the statistics only ever mattered through the two guesses above. `SET LOCAL`
+/// keeps all of this to the batch's transaction (also behind a transaction-mode pooler); the
+/// relay's other statements are planned normally.
 const BEGIN_CLAIM: &str = "BEGIN;
-    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off";
-
-/// The relay's prepared statements on one connection.
-pub struct Statements {
-    claim: Statement,
-}
-
-impl Statements {
-    /// Prepares the statements on a fresh connection of the relay's. (Preparing only parses;
-    /// the claim is planned when it runs, under [`BEGIN_CLAIM`]'s settings.)
-    pub async fn prepare(client: &Client, schema: &Schema) -> Result<Statements> {
-        let claim = client
-            .prepare_typed(&sql(schema, CLAIM), &[Type::INT8, Type::INT8, Type::INT8])
-            .await
-            .context("cannot prepare the claim statement")?;
-        Ok(Statements { claim })
-    }
-}
+    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
+    SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
 /// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
 /// out together (one round trip). On error the transaction is rolled back. The caller ends it
 /// with [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
-    stmts: &Statements,
+    schema: &Schema,
     batch: i64,
     up_to_seq: i64,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let window = batch.saturating_mul(WINDOW_FACTOR);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&batch, &window, &up_to_seq];
+    let claim = sql(schema, CLAIM);
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (&batch, Type::INT8),
+        (&window, Type::INT8),
+        (&up_to_seq, Type::INT8),
+    ];
     let (begun, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
-        client.query(&stmts.claim, &params)
+        client.query_typed(&claim, &params)
     );
     begun?;
     let rows = match rows {
@@ -376,22 +400,22 @@ async fn restore(
                   next_attempt_at, retry_in_ms, last_error, dead_at, die)",
     );
     client
-        .execute(
+        .execute_typed(
             &sql,
             &[
-                &seq,
-                &id,
-                &aggregate_type,
-                &aggregate_id,
-                &event_type,
-                &payload,
-                &created_at,
-                &attempts,
-                &next_attempt_at,
-                &retry_in_ms,
-                &last_error,
-                &dead_at,
-                &die,
+                (&seq, Type::INT8_ARRAY),
+                (&id, Type::UUID_ARRAY),
+                (&aggregate_type, Type::TEXT_ARRAY),
+                (&aggregate_id, Type::TEXT_ARRAY),
+                (&event_type, Type::TEXT_ARRAY),
+                (&payload, Type::TEXT_ARRAY),
+                (&created_at, Type::TIMESTAMPTZ_ARRAY),
+                (&attempts, Type::INT4_ARRAY),
+                (&next_attempt_at, Type::TIMESTAMPTZ_ARRAY),
+                (&retry_in_ms, Type::INT8_ARRAY),
+                (&last_error, Type::TEXT_ARRAY),
+                (&dead_at, Type::TIMESTAMPTZ_ARRAY),
+                (&die, Type::BOOL_ARRAY),
             ],
         )
         .await
@@ -400,7 +424,7 @@ async fn restore(
 /// The highest `seq` now in the outbox (0 when empty): where `--once` stops.
 pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
     let row = client
-        .query_one(
+        .query_typed_one(
             &sql(
                 schema,
                 "SELECT coalesce(max(seq), 0) AS seq FROM {s}.outbox",
@@ -415,7 +439,7 @@ pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
 /// When the earliest retry falls due, if any event is waiting out a backoff.
 pub async fn next_retry_in(client: &Client, schema: &Schema) -> Result<Option<Duration>> {
     let row = client
-        .query_one(
+        .query_typed_one(
             &sql(
                 schema,
                 "SELECT round(extract(epoch FROM min(next_attempt_at) - now()) * 1000)::int8 AS ms
@@ -445,7 +469,7 @@ pub struct Backlog {
 
 pub async fn backlog(client: &Client, schema: &Schema) -> Result<Backlog> {
     let row = client
-        .query_one(
+        .query_typed_one(
             &sql(
                 schema,
                 "SELECT count(*) FILTER (WHERE dead_at IS NULL) AS pending,
@@ -577,7 +601,10 @@ pub async fn retry(client: &Client, schema: &Schema, which: RetryWhich) -> Resul
         ),
     );
     let row = client
-        .query_one(&sql, &[&id, &schema.outbox_channel()])
+        .query_typed_one(
+            &sql,
+            &[(&id, Type::UUID), (&schema.outbox_channel(), Type::TEXT)],
+        )
         .await
         .context("cannot re-queue the events")?;
     Ok(u64::try_from(row.get::<_, i64>("n")).unwrap_or(0))
@@ -606,7 +633,7 @@ pub async fn discard(
                    dead_at IS NOT NULL AS dead, attempts",
     );
     let rows = client
-        .query(&delete, &[&id, &any_state])
+        .query_typed(&delete, &[(&id, Type::UUID), (&any_state, Type::BOOL)])
         .await
         .context("cannot discard the event")?;
     if let Some(r) = rows.first() {
@@ -625,9 +652,9 @@ pub async fn discard(
         }));
     }
     let exists = client
-        .query_opt(
+        .query_typed_opt(
             &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
-            &[&id],
+            &[(&id, Type::UUID)],
         )
         .await
         .context("cannot read the outbox")?;

@@ -20,6 +20,7 @@ mod lease;
 mod pooler;
 mod privileges;
 mod relay;
+mod relay_backlog;
 mod relay_sinks;
 mod release;
 mod safety;

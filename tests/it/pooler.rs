@@ -76,8 +76,8 @@ fn every_command_works_through_one_pooled_server_connection_and_leaves_it_clean(
     }
     assert_eq!(
         env.scalar("SELECT count(*) FROM runs WHERE outcome = 'completed'"),
-        "1",
-        "the second run reused the first's result"
+        "2",
+        "one run per round: the --reuse-within run reused it"
     );
     // A waiter: without LISTEN it polls, and takes the lease once the holder is done.
     let holder = env.hold_with(env.command_at(&single), "w", &[], &env.gate());

@@ -495,61 +495,120 @@ fn a_relay_whose_stdout_is_closed_exits_69_and_keeps_the_events() {
     assert_eq!(outbox_count(&env), 10, "nothing may be marked delivered");
 }
 
+/// A leasectl running on a pseudo-terminal (script(1)), its stdout to a file, with what the
+/// terminal shows collected as it arrives.
+struct OnTerminal {
+    child: Child,
+    pid: u32,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl OnTerminal {
+    fn start(env: &Env, args: &[&str], out: &Path) -> OnTerminal {
+        let pid_file = env.path("pid");
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+        let line = format!(
+            "echo $$ > {}; exec {} --database-url {} --schema {} {} > {}",
+            quote(pid_file.to_str().unwrap()),
+            quote(bin().to_str().unwrap()),
+            quote(&env.url),
+            quote(&env.schema),
+            args.iter().map(|a| quote(a)).collect::<Vec<_>>().join(" "),
+            quote(out.to_str().unwrap()),
+        );
+        let mut child = std::process::Command::new("script")
+            .args(["-qfc", &line, "/dev/null"])
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux is needed for terminal tests");
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pty = child.stdout.take().unwrap();
+        let reader = {
+            let screen = screen.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = pty.read(&mut buf) {
+                    screen
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            })
+        };
+        let pid = wait_for_file(&pid_file).parse().unwrap();
+        OnTerminal {
+            child,
+            pid,
+            screen,
+            reader,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+
+    /// Waits for the exit; returns the exit code and everything the terminal showed.
+    fn finish(self) -> (i32, String) {
+        let code = code(&finish(self.child));
+        self.reader.join().unwrap();
+        let screen = self.screen.lock().unwrap().clone();
+        (code, screen)
+    }
+}
+
 #[test]
 fn on_a_terminal_the_relay_shows_a_progress_line_with_rate_and_backlog() {
     let env = migrated();
     insert_events(&env, 500, 5, 1);
     let out = env.path("out.jsonl");
-    let pid_file = env.path("pid");
-    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
-    let line = format!(
-        "echo $$ > {}; exec {} --database-url {} --schema {} relay --sink stdout > {}",
-        quote(pid_file.to_str().unwrap()),
-        quote(bin().to_str().unwrap()),
-        quote(&env.url),
-        quote(&env.schema),
-        quote(out.to_str().unwrap()),
-    );
-    let mut child = std::process::Command::new("script")
-        .args(["-qfc", &line, "/dev/null"])
-        .env_remove("DATABASE_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("script(1) from util-linux is needed for terminal tests");
-    // What the terminal shows, collected as it arrives.
-    let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let mut pty = child.stdout.take().unwrap();
-    let reader = {
-        let screen = screen.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = pty.read(&mut buf) {
-                screen
-                    .lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        })
-    };
-    let pid: u32 = wait_for_file(&pid_file).parse().unwrap();
+    let term = OnTerminal::start(&env, &["relay", "--sink", "stdout"], &out);
     wait_for("the events", || line_count(&out) == 500);
     // The line is refreshed with the backlog once the relay is idle.
     wait_for("the progress line with the backlog", || {
-        screen.lock().unwrap().contains("backlog 0 pending")
+        term.screen().contains("backlog 0 pending")
     });
-    kill(pid, libc::SIGTERM);
-    assert_eq!(code(&finish(child)), 0);
-    reader.join().unwrap();
-    let screen = screen.lock().unwrap().clone();
+    kill(term.pid, libc::SIGTERM);
+    let (code, screen) = term.finish();
+    assert_eq!(code, 0);
     assert!(screen.contains("500 delivered"), "{screen:?}");
     assert!(screen.contains("events/s"), "{screen:?}");
     assert!(
         screen.contains("backlog 0 pending (0 retrying), 0 dead"),
         "{screen:?}"
     );
+}
+
+#[test]
+fn on_a_terminal_the_progress_line_shows_the_backlog_going_down_while_draining() {
+    // `--once` is never idle, and neither is a relay working through a large backlog: the
+    // line used to show the backlog only when idle, so exactly when it mattered it showed none.
+    let env = migrated();
+    insert_events(&env, 10, 10, 1);
+    let out = env.path("out.jsonl");
+    // One event per batch, each delivery a little slow: the drain takes seconds.
+    let sink = format!(
+        "exec:sleep 0.3; cat >> '{}'",
+        env.path("delivered").display()
+    );
+    let args = ["relay", "--once", "--batch", "1", "--sink", &sink];
+    let term = OnTerminal::start(&env, &args, &out);
+    wait_for("the backlog as the relay starts", || {
+        term.screen()
+            .contains("backlog 10 pending (0 retrying), 0 dead")
+    });
+    let part_way = |screen: &str| (1..10).any(|n| screen.contains(&format!("backlog {n} pending")));
+    wait_for("the backlog part way through the drain", || {
+        part_way(&term.screen())
+    });
+    let (code, _) = term.finish();
+    assert_eq!(code, 0);
+    assert_eq!(read_events(&env.path("delivered")).len(), 10);
 }
 
 #[test]
@@ -658,3 +717,66 @@ fn a_burst_after_the_relay_vacuumed_an_empty_outbox_drains_at_full_speed() {
     assert_eq!(code(&relay.finish()), 0);
     assert_per_aggregate_order(&read_events(&out));
 }
+
+#[test]
+fn the_relay_and_the_outbox_commands_work_through_a_transaction_mode_pooler() {
+    let env = migrated();
+    // The pooler's database with ONE server connection (see scripts/test): every session's
+    // transactions run on it, so a named statement left by one leasectl meets the next.
+    let single = pooler_url("leasectl_test_single");
+    let through = |args: &[&str]| env.command_at(&single).args(args).output_in_time();
+    // Every command below used to leave a named statement on the pooler's one server
+    // connection, and the next one failed with `prepared statement "s0" already exists`.
+    for round in 0..2 {
+        insert_events(&env, 300, 7, 1 + round * 300);
+        let o = through(&["relay", "--once", "--batch", "50", "--sink", "stdout"]);
+        assert_eq!(code(&o), 0, "relay, round {round}: {}", stderr(&o));
+        assert_eq!(stdout(&o).lines().count(), 300, "round {round}");
+        assert_eq!(outbox_count(&env), 0);
+    }
+    // A refused event goes back with its attempt (the restore statement), then is retried.
+    insert_events(&env, 1, 1, 1_000);
+    let o = through(&[
+        "relay",
+        "--once",
+        "--sink",
+        "exec:exit 3",
+        "--max-attempts",
+        "1",
+    ]);
+    assert_eq!(code(&o), 1, "went dead: {}", stderr(&o));
+    let id = env.scalar("SELECT id::text FROM outbox");
+    for _ in 0..2 {
+        let o = through(&["outbox", "list", "--json"]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        let o = through(&["outbox", "retry", &id]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    for _ in 0..2 {
+        let o = through(&[
+            "outbox",
+            "discard",
+            "--force",
+            "00000000-0000-0000-0000-000000000000",
+        ]);
+        assert_eq!(code(&o), 1, "no such event: {}", stderr(&o));
+    }
+    let o = through(&["outbox", "discard", "--force", &id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(outbox_count(&env), 0);
+}
+
+// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// works through a pooler; the relay polls there).
+crate::via_pooler!(
+    once_drains_20k_events_to_stdout_each_exactly_once_in_aggregate_order,
+    the_published_form_is_spec_json_for_application_and_run_events,
+    an_event_whose_notify_was_missed_is_found_by_polling,
+    three_relays_at_once_deliver_everything_once_in_aggregate_order,
+    sigterm_finishes_the_batch_in_hand_and_exits_0_losing_nothing,
+    a_relay_killed_mid_batch_loses_nothing_and_a_restart_delivers_the_rest,
+    a_dead_event_blocks_only_its_own_aggregate_until_retried,
+    an_event_waiting_out_a_retry_is_left_by_once_and_blocks_its_aggregate,
+    outbox_retry_all_dead_and_discard,
+    prune_deletes_old_runs_but_keeps_each_targets_newest,
+);
