@@ -26,8 +26,8 @@ Examples:
 Connection: --database-url, else DATABASE_URL, else PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE/
 PGSSLMODE, else the local socket as the current user (what `psql` alone would reach).
 
-Exit codes: the child's code (128+N if signal N killed it); 2 usage; 69 database unavailable;
-70 internal error; 75 busy; 76 lease lost; 77 the role lacks a privilege (or may not migrate);
+Exit codes: the child's code (128+N if signal N killed it); 2 usage; 65 the command's
+$LEASECTL_EVENTS were refused; 69 database unavailable; 70 internal error; 75 busy; 76 lease lost; 77 the role lacks a privilege (or may not migrate);
 78 schema newer than leasectl; 124 --timeout; 126/127 command not executable / not found;
 128+N leasectl received signal N.";
 
@@ -118,8 +118,9 @@ Example:\n  leasectl release --target nightly-report --force"
 
 const RUN_HELP: &str = "\
 At most one copy of COMMAND runs per TARGET across all hosts sharing the database. The child sees
-LEASECTL_TARGET, LEASECTL_TOKEN and LEASECTL_FENCE (a number that grows with every acquisition).
-Its result and an outbox event are stored only while the lease is still held.
+LEASECTL_TARGET, LEASECTL_TOKEN and LEASECTL_FENCE (a number that grows with every acquisition),
+and LEASECTL_EVENTS, a file for its own outbox events (see `leasectl emit`). Its result, an
+outbox event and its own events are stored only while the lease is still held.
 
 Durations: 500ms, 30s, 2m, 1h, 1d.
 
@@ -130,7 +131,8 @@ Examples:
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
 the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
-2 usage; 69 database down or silent; 70 internal error; 77 the role lacks a privilege.";
+2 usage; 65 $LEASECTL_EVENTS refused (run stored without them); 69 database down or silent;
+70 internal error; 77 the role lacks a privilege.";
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
