@@ -18,6 +18,7 @@
 //! host, a black-holed connection) must never keep leasectl, or its lease, waiting forever.
 
 mod child;
+pub mod slot;
 pub mod heartbeat;
 mod wait;
 
