@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::cli::RunArgs;
 use crate::error::usage;
+use crate::run::slot::Schedule;
 
 /// Longest accepted target, in Unicode scalar values.
 pub const MAX_TARGET_CHARS: usize = 200;
@@ -149,7 +150,47 @@ pub struct RunConfig {
     pub event_type: Option<String>,
     pub quiet: bool,
     pub capture_limit: usize,
+    /// `--slot` and its companions.
+    pub slot: Option<SlotConfig>,
     pub command: Vec<OsString>,
+}
+
+/// `run --slot`: the schedule and how a done slot is judged and answered.
+#[derive(Debug, Clone)]
+pub struct SlotConfig {
+    pub schedule: Schedule,
+    pub skew: Duration,
+    /// Only a run that exited 0 does the slot.
+    pub until_success: bool,
+    /// The exit code of a caller that finds its slot done.
+    pub done_exit_code: u8,
+}
+
+impl SlotConfig {
+    fn new(a: &RunArgs) -> anyhow::Result<Option<SlotConfig>> {
+        let Some(expr) = &a.slot else {
+            return Ok(None);
+        };
+        let schedule = Schedule::new(expr, a.slot_tz.as_deref()).map_err(usage)?;
+        let skew = match a.slot_skew {
+            Some(s) if !schedule.skew_fits(s) => {
+                return Err(usage(format!(
+                    "--slot-skew {} is not shorter than the shortest interval of '{}' ({})",
+                    humantime::format_duration(s),
+                    schedule.expr,
+                    humantime::format_duration(schedule.shortest_interval()),
+                )))
+            }
+            Some(s) => s,
+            None => schedule.default_skew(),
+        };
+        Ok(Some(SlotConfig {
+            schedule,
+            skew,
+            until_success: a.until_success,
+            done_exit_code: a.done_exit_code,
+        }))
+    }
 }
 
 impl RunConfig {
@@ -208,6 +249,7 @@ impl RunConfig {
                 "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
             ));
         }
+        let slot = SlotConfig::new(&a)?;
         let event_type = if a.no_event {
             None
         } else if a.event_type.trim().is_empty() {
@@ -218,6 +260,7 @@ impl RunConfig {
             Some(a.event_type)
         };
         Ok(RunConfig {
+            slot,
             target: a.target,
             ttl: a.ttl,
             heartbeat,
