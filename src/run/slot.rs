@@ -120,7 +120,7 @@ impl Schedule {
             let Ok(next) = self.cron.find_next_occurrence(&at, false) else {
                 break;
             };
-            let gap = (next.clone() - at).to_std().unwrap_or_default();
+            let gap = (next - at).to_std().unwrap_or_default();
             // The first gap runs from the reference, not from an occurrence.
             if self.cron.is_time_matching(&at).unwrap_or(false) && !gap.is_zero() {
                 shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
