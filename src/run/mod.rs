@@ -20,8 +20,8 @@
 //! host, a black-holed connection) must never keep leasectl, or its lease, waiting forever.
 
 mod child;
-pub mod slot;
 pub mod heartbeat;
+pub mod slot;
 mod wait;
 
 use std::future::Future;

@@ -63,9 +63,16 @@ impl Schedule {
             return Err(format!("'{expr}' is not a cron schedule ({shape})"));
         }
         if nickname
-            && !["@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually"]
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(expr))
+            && ![
+                "@hourly",
+                "@daily",
+                "@weekly",
+                "@monthly",
+                "@yearly",
+                "@annually",
+            ]
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(expr))
         {
             return Err(format!("'{expr}' is not a cron schedule ({shape})"));
         }
@@ -145,10 +152,7 @@ impl Schedule {
             (Some(first), Some(last)) => first + 60 - last,
             _ => 60,
         };
-        let gap = minutes
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .fold(wrap, u32::min);
+        let gap = minutes.windows(2).map(|w| w[1] - w[0]).fold(wrap, u32::min);
         Duration::from_secs(u64::from(gap) * 60)
     }
 
@@ -234,7 +238,12 @@ mod tests {
         );
         // Sub-second precision is not a problem.
         assert_eq!(
-            slot("0 2 * * *", None, "2026-03-10T01:59:59.999Z", Duration::ZERO),
+            slot(
+                "0 2 * * *",
+                None,
+                "2026-03-10T01:59:59.999Z",
+                Duration::ZERO
+            ),
             pair("2026-03-09T02:00:00Z", "2026-03-10T02:00:00Z")
         );
     }
@@ -243,27 +252,52 @@ mod tests {
     fn zones_and_daylight_saving_time() {
         // 02:00 in Berlin is 01:00Z in winter and 00:00Z in summer.
         assert_eq!(
-            slot("0 2 * * *", Some("Europe/Berlin"), "2026-01-15T12:00:00Z", MIN),
+            slot(
+                "0 2 * * *",
+                Some("Europe/Berlin"),
+                "2026-01-15T12:00:00Z",
+                MIN
+            ),
             pair("2026-01-15T01:00:00Z", "2026-01-16T01:00:00Z")
         );
         assert_eq!(
-            slot("0 2 * * *", Some("Europe/Berlin"), "2026-07-15T12:00:00Z", MIN),
+            slot(
+                "0 2 * * *",
+                Some("Europe/Berlin"),
+                "2026-07-15T12:00:00Z",
+                MIN
+            ),
             pair("2026-07-15T00:00:00Z", "2026-07-16T00:00:00Z")
         );
         // The night the clocks go forward (2026-03-29, 02:00 → 03:00 in Berlin): the 03:00 slot
         // of the day before ends at 03:00 CEST = 01:00Z, a 23-hour slot.
         assert_eq!(
-            slot("0 3 * * *", Some("Europe/Berlin"), "2026-03-28T12:00:00Z", MIN),
+            slot(
+                "0 3 * * *",
+                Some("Europe/Berlin"),
+                "2026-03-28T12:00:00Z",
+                MIN
+            ),
             pair("2026-03-28T02:00:00Z", "2026-03-29T01:00:00Z")
         );
         // …and back (2026-10-25, 03:00 → 02:00): a 25-hour slot.
         assert_eq!(
-            slot("0 3 * * *", Some("Europe/Berlin"), "2026-10-24T12:00:00Z", MIN),
+            slot(
+                "0 3 * * *",
+                Some("Europe/Berlin"),
+                "2026-10-24T12:00:00Z",
+                MIN
+            ),
             pair("2026-10-24T01:00:00Z", "2026-10-25T02:00:00Z")
         );
         // New York's midnight is 05:00Z in winter.
         assert_eq!(
-            slot("@daily", Some("America/New_York"), "2026-01-15T04:00:00Z", MIN),
+            slot(
+                "@daily",
+                Some("America/New_York"),
+                "2026-01-15T04:00:00Z",
+                MIN
+            ),
             pair("2026-01-14T05:00:00Z", "2026-01-15T05:00:00Z")
         );
     }

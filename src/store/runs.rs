@@ -10,11 +10,11 @@ use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
 use super::leases::Lease;
-use crate::run::slot::Slot;
 use super::{ms, sql};
 use crate::db::Schema;
 use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
+use crate::run::slot::Slot;
 
 /// The columns of a run row, in the order of [`RunFields::params`]' `$1…$19` and then
 /// `done_by`: written once for every insert (the fenced save, the `lost` record, the skip).

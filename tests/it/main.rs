@@ -25,4 +25,5 @@ mod safety;
 mod singleflight;
 mod sink_brokers;
 mod sink_local;
+mod slot;
 mod supervise;
