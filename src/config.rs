@@ -330,6 +330,32 @@ mod tests {
         assert!(parse_schema(&"s".repeat(49)).is_err());
     }
 
+    fn run_config(flags: &[&str]) -> anyhow::Result<RunConfig> {
+        use clap::Parser;
+        let argv = ["leasectl", "run", "--target", "t"]
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"]);
+        let cli = crate::cli::Cli::try_parse_from(argv)?;
+        let crate::cli::Command::Run(args) = cli.command else {
+            unreachable!()
+        };
+        RunConfig::new(args)
+    }
+
+    #[test]
+    fn slot_skews() {
+        let skew = |flags: &[&str]| run_config(flags).unwrap().slot.unwrap().skew;
+        assert_eq!(skew(&["--slot", "0 2 * * *"]), Duration::from_secs(60));
+        assert_eq!(skew(&["--slot", "* * * * *"]), Duration::from_secs(15));
+        assert_eq!(
+            skew(&["--slot", "0 2 * * *", "--slot-skew", "5m"]),
+            Duration::from_secs(300)
+        );
+        assert!(run_config(&["--slot", "*/2 * * * *", "--slot-skew", "2m"]).is_err());
+        assert!(run_config(&[]).unwrap().slot.is_none());
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(parse_byte_size("1MiB"), Ok(1 << 20));

@@ -292,6 +292,28 @@ fn a_new_slot_runs_although_the_previous_one_was_done() {
 }
 
 #[test]
+fn a_caller_firing_within_the_skew_belongs_to_the_coming_slot() {
+    let env = Env::new();
+    // With a skew of 59s, every instant but the first second of a minute belongs to the next
+    // minute's slot, as a host whose cron fires up to 59s early would want.
+    away_from_boundary(&env, 60, "0 seconds", 2);
+    let ran = slot_run(
+        &env,
+        "early",
+        "* * * * *",
+        &["--slot-skew", "59s"],
+        &job(&env, ""),
+    );
+    assert_eq!(code(&ran), 0, "{}", stderr(&ran));
+    assert_eq!(
+        env.scalar(
+            "SELECT slot = date_trunc('minute', started_at) + interval '1 minute' FROM runs"
+        ),
+        "t"
+    );
+}
+
+#[test]
 fn until_success_lets_a_failed_slot_run_again_and_a_success_close_it() {
     let env = Env::new();
     let counted = |extra: &str| job(&env, extra);
