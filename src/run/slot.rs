@@ -290,18 +290,19 @@ mod tests {
             ),
             pair("2026-10-24T01:00:00Z", "2026-10-25T02:00:00Z")
         );
+        let half_past_two = |now| slot("30 2 * * *", Some("Europe/Berlin"), now, MIN);
         // 02:30 does not exist on 2026-03-29 in Berlin: that day's slot is at 03:00 CEST
         // (01:00Z), once; on 2026-10-25 it exists twice and is one slot, the first (00:30Z).
         assert_eq!(
-            slot("30 2 * * *", Some("Europe/Berlin"), "2026-03-29T12:00:00Z", MIN),
+            half_past_two("2026-03-29T12:00:00Z"),
             pair("2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z")
         );
         assert_eq!(
-            slot("30 2 * * *", Some("Europe/Berlin"), "2026-03-28T12:00:00Z", MIN),
+            half_past_two("2026-03-28T12:00:00Z"),
             pair("2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z")
         );
         assert_eq!(
-            slot("30 2 * * *", Some("Europe/Berlin"), "2026-10-25T01:45:00Z", MIN),
+            half_past_two("2026-10-25T01:45:00Z"),
             pair("2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z")
         );
         // New York's midnight is 05:00Z in winter.
