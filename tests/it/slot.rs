@@ -443,3 +443,9 @@ fn bad_schedules_zones_and_combinations_are_usage_errors() {
         "--reuse-within",
     );
 }
+
+crate::via_pooler!(
+    eight_callers_of_a_slot_at_once_run_it_once_and_seven_record_a_skip,
+    the_child_sees_its_slot_the_event_carries_it_and_a_skip_is_silent_unless_verbose,
+    a_waiter_behind_the_slots_run_skips_once_it_ends,
+);
