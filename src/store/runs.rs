@@ -303,10 +303,10 @@ pub enum SlotCheck {
 /// was fenced out), `interrupted` (leasectl was told to stop it, say a host shutting down),
 /// `exec_failed` (the command never started, perhaps only this host lacks it) and `skipped` (it
 /// did not run) are not: the next caller of the slot runs. With `--until-success` only a
-/// `completed` run that exited 0 counts.
+/// `completed` run that exited 0 counts (`{until_success}`: the flag's placeholder).
 const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
-                           AND (NOT $20 OR (r.outcome = 'completed' AND r.exit_code = 0
-                                            AND r.signal IS NULL)))";
+                           AND (NOT {until_success} OR (r.outcome = 'completed' AND r.exit_code = 0
+                                                        AND r.signal IS NULL)))";
 
 /// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
 /// latest one seen wins) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
@@ -325,6 +325,21 @@ pub async fn skip_if_done(
     (schedule, zone): (&str, Option<&str>),
     until_success: bool,
 ) -> Result<SlotCheck> {
+    let lease_channel = schema.lease_channel();
+    let mut f = RunFields::new(skip);
+    f.outcome = Outcome::Skipped.as_str();
+    let mut params = f.params(lease, skip);
+    // This statement's own parameters follow the run's, however many columns a run has.
+    let [slot, until, sched, tz, channel] =
+        std::array::from_fn(|i| format!("${}", params.len() + i + 1));
+    params.extend([
+        (&f.slot as &(dyn ToSql + Sync), Type::TIMESTAMPTZ),
+        (&until_success, Type::BOOL),
+        (&schedule, Type::TEXT),
+        (&zone, Type::TEXT),
+        (&lease_channel, Type::TEXT),
+    ]);
+    let slot_done = SLOT_DONE.replace("{until_success}", &until);
     let sql = sql(
         schema,
         &format!(
@@ -332,7 +347,7 @@ pub async fn skip_if_done(
              SELECT target FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), schedule AS (
              INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz)
-             SELECT target, $21, $22 FROM owner
+             SELECT target, {sched}, {tz} FROM owner
              ON CONFLICT (target) DO UPDATE
                 SET schedule = excluded.schedule, schedule_tz = excluded.schedule_tz,
                     updated_at = now()
@@ -340,7 +355,7 @@ pub async fn skip_if_done(
                     IS DISTINCT FROM (excluded.schedule, excluded.schedule_tz)
          ), done AS (
              SELECT r.id FROM {{s}}.runs r JOIN owner ON r.target = owner.target
-              WHERE r.slot = $18 AND {SLOT_DONE}
+              WHERE r.slot = {slot} AND {slot_done}
               ORDER BY r.finished_at LIMIT 1
          ), run AS (
              {INSERT_RUN}
@@ -349,22 +364,12 @@ pub async fn skip_if_done(
          ), released AS (
              UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($23, l.target)
+             RETURNING pg_notify({channel}, l.target)
          )
          SELECT (SELECT count(*) FROM owner) AS owned, (SELECT done_by FROM run) AS done_by,
                 (SELECT count(*) FROM released) AS released"
         ),
     );
-    let lease_channel = schema.lease_channel();
-    let mut f = RunFields::new(skip);
-    f.outcome = Outcome::Skipped.as_str();
-    let mut params = f.params(lease, skip);
-    params.extend([
-        (&until_success as &(dyn ToSql + Sync), Type::BOOL),
-        (&schedule, Type::TEXT),
-        (&zone, Type::TEXT),
-        (&lease_channel, Type::TEXT),
-    ]);
     let row = client
         .query_typed_one(&sql, &params)
         .await
