@@ -750,7 +750,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --heartbeat --wait --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --database-url --schema --verbose --help --version"
+            opts="-q -v -h -V --target --ttl --heartbeat --wait --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -797,6 +797,22 @@ _leasectl() {
                     return 0
                     ;;
                 --events-limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot-tz)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot-skew)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --done-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -52,10 +52,15 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l busy-exit-code
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 'Type of the outbox event stored with the result' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l events-limit -d 'Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores the run without any of them and exits 65' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly): a caller whose slot was already done by any host records a skip and exits 0' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin) [default: UTC]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-skew -d 'How early a caller may fire and still belong to the coming slot [default: 1m, or a quarter of the schedule\'s shortest interval if less]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l no-event -d 'Store the result without an outbox event'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s q -l quiet -d 'Capture the command\'s output without echoing it'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l until-success -d 'Only a run that exited 0 does its slot: after a failure the next caller runs again'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s V -l version -d 'Print version'

@@ -124,8 +124,14 @@ outbox event and its own events are stored only while the lease is still held.
 
 Durations: 500ms, 30s, 2m, 1h, 1d.
 
+With --slot SCHEDULE, at most one run per scheduled slot: the slot is the latest instant of the
+schedule at or before the database's clock plus --slot-skew, so cron lines on several hosts (or a
+manual run later that day) do the slot once; the others record a `skipped` run and exit 0. The
+child also sees LEASECTL_SLOT and LEASECTL_SLOT_END (RFC 3339).
+
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
+  leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
@@ -189,6 +195,28 @@ pub struct RunArgs {
     /// the run without any of them and exits 65
     #[arg(long, value_parser = parse_byte_size, default_value = "10MiB", value_name = "BYTES")]
     pub events_limit: usize,
+    /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
+    /// @monthly): a caller whose slot was already done by any host records a skip and exits 0
+    #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
+          conflicts_with = "reuse_within")]
+    pub slot: Option<String>,
+
+    /// Time zone of --slot's schedule (IANA name, e.g. Europe/Berlin) [default: UTC]
+    #[arg(long, value_parser = parse_zone, value_name = "ZONE", requires = "slot")]
+    pub slot_tz: Option<String>,
+
+    /// How early a caller may fire and still belong to the coming slot [default: 1m, or a
+    /// quarter of the schedule's shortest interval if less]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR", requires = "slot")]
+    pub slot_skew: Option<Duration>,
+
+    /// Only a run that exited 0 does its slot: after a failure the next caller runs again
+    #[arg(long, requires = "slot")]
+    pub until_success: bool,
+
+    /// Exit code of a caller that finds its slot already done
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "slot")]
+    pub done_exit_code: u8,
 
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -207,6 +235,10 @@ Outside `leasectl run` it is a usage error (exit 2).
 Examples:
   leasectl emit --aggregate-type invoice --aggregate-id \"$ID\" --type invoice.sent --payload '{\"total\": 42}'
   jq -n --arg f \"$FILE\" '{file: $f}' | leasectl emit --aggregate-type export --aggregate-id daily --type export.ready";
+/// An IANA zone name for `--slot-tz`, kept as given (it is stored with the schedule).
+fn parse_zone(s: &str) -> Result<String, String> {
+    crate::run::slot::parse_zone(s).map(|_| s.trim().to_owned())
+}
 
 const RELAY_HELP: &str = "\
 Publishes pending outbox events — leasectl's own and those applications insert in their own

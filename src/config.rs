@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::cli::RunArgs;
 use crate::error::usage;
+use crate::run::slot::Schedule;
 
 /// Longest accepted target, in Unicode scalar values.
 pub const MAX_TARGET_CHARS: usize = 200;
@@ -151,7 +152,47 @@ pub struct RunConfig {
     pub capture_limit: usize,
     /// The most bytes the command may write to `LEASECTL_EVENTS`.
     pub events_limit: usize,
+    /// `--slot` and its companions.
+    pub slot: Option<SlotConfig>,
     pub command: Vec<OsString>,
+}
+
+/// `run --slot`: the schedule and how a done slot is judged and answered.
+#[derive(Debug, Clone)]
+pub struct SlotConfig {
+    pub schedule: Schedule,
+    pub skew: Duration,
+    /// Only a run that exited 0 does the slot.
+    pub until_success: bool,
+    /// The exit code of a caller that finds its slot done.
+    pub done_exit_code: u8,
+}
+
+impl SlotConfig {
+    fn new(a: &RunArgs) -> anyhow::Result<Option<SlotConfig>> {
+        let Some(expr) = &a.slot else {
+            return Ok(None);
+        };
+        let schedule = Schedule::new(expr, a.slot_tz.as_deref()).map_err(usage)?;
+        let skew = match a.slot_skew {
+            Some(s) if !schedule.skew_fits(s) => {
+                return Err(usage(format!(
+                    "--slot-skew {} is not shorter than the shortest interval of '{}' ({})",
+                    humantime::format_duration(s),
+                    schedule.expr,
+                    humantime::format_duration(schedule.shortest_interval()),
+                )))
+            }
+            Some(s) => s,
+            None => schedule.default_skew(),
+        };
+        Ok(Some(SlotConfig {
+            schedule,
+            skew,
+            until_success: a.until_success,
+            done_exit_code: a.done_exit_code,
+        }))
+    }
 }
 
 impl RunConfig {
@@ -216,6 +257,7 @@ impl RunConfig {
                 "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
             ));
         }
+        let slot = SlotConfig::new(&a)?;
         let event_type = if a.no_event {
             None
         } else if a.event_type.trim().is_empty() {
@@ -226,6 +268,7 @@ impl RunConfig {
             Some(a.event_type)
         };
         Ok(RunConfig {
+            slot,
             target: a.target,
             ttl: a.ttl,
             heartbeat,
@@ -294,6 +337,32 @@ mod tests {
         assert!(parse_schema("a\"; drop").is_err());
         assert!(parse_schema("pg_catalog").is_err());
         assert!(parse_schema(&"s".repeat(49)).is_err());
+    }
+
+    fn run_config(flags: &[&str]) -> anyhow::Result<RunConfig> {
+        use clap::Parser;
+        let argv = ["leasectl", "run", "--target", "t"]
+            .iter()
+            .chain(flags)
+            .chain(&["--", "true"]);
+        let cli = crate::cli::Cli::try_parse_from(argv)?;
+        let crate::cli::Command::Run(args) = cli.command else {
+            unreachable!()
+        };
+        RunConfig::new(args)
+    }
+
+    #[test]
+    fn slot_skews() {
+        let skew = |flags: &[&str]| run_config(flags).unwrap().slot.unwrap().skew;
+        assert_eq!(skew(&["--slot", "0 2 * * *"]), Duration::from_secs(60));
+        assert_eq!(skew(&["--slot", "* * * * *"]), Duration::from_secs(15));
+        assert_eq!(
+            skew(&["--slot", "0 2 * * *", "--slot-skew", "5m"]),
+            Duration::from_secs(300)
+        );
+        assert!(run_config(&["--slot", "*/2 * * * *", "--slot-skew", "2m"]).is_err());
+        assert!(run_config(&[]).unwrap().slot.is_none());
     }
 
     #[test]

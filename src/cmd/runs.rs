@@ -33,6 +33,9 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                     "stderr_truncated": r.stderr_truncated,
                     "argv": r.argv,
                     "error": r.error,
+                    "slot": r.slot.map(fmt::rfc3339),
+                    "slot_end": r.slot_end.map(fmt::rfc3339),
+                    "done_by": r.done_by.map(|id| id.to_string()),
                 })
             })
             .collect();
@@ -44,6 +47,8 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
         crate::say!("no runs recorded for '{}'", args.target);
         return Ok(Exit::Code(0));
     }
+    // A SLOT column only for a target run with --slot, so other tables stay as they were.
+    let slots = rows.iter().any(|r| r.slot.is_some());
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -52,7 +57,7 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                 (Some(code), None) => code.to_string(),
                 (None, None) => "-".into(),
             };
-            vec![
+            let mut row = vec![
                 r.id.to_string(),
                 r.fence.to_string(),
                 r.outcome.clone(),
@@ -60,12 +65,21 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                 format!("{} ago", fmt::duration(fmt::millis(r.age_ms))),
                 fmt::duration(fmt::millis(r.duration_ms)),
                 format!("{} pid {}", r.host, r.pid),
-            ]
+            ];
+            if slots {
+                row.push(r.slot.map_or("-".into(), |t| {
+                    humantime::format_rfc3339_seconds(t).to_string()
+                }));
+            }
+            row
         })
         .collect();
-    let header = [
+    let mut header = vec![
         "RUN", "FENCE", "OUTCOME", "EXIT", "FINISHED", "TOOK", "HOST",
     ];
+    if slots {
+        header.push("SLOT");
+    }
     super::print(fmt::table(&header, &table).as_bytes())?;
     Ok(Exit::Code(0))
 }

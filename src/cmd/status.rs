@@ -37,6 +37,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "heartbeat_age_ms": t.heartbeat_age_ms,
                     "ttl_ms": t.ttl_ms,
                     "last_run": last_run,
+                    "skipped": t.skipped,
                 })
             })
             .collect();
@@ -78,6 +79,12 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                         fmt::duration(fmt::millis(r.duration_ms))
                     )
                 }
+            };
+            // `run --slot` callers that found their slot done: a suffix, so the table of a
+            // target without --slot is unchanged.
+            let last = match t.skipped {
+                0 => last,
+                n => format!("{last} (+{n} skipped)"),
             };
             vec![
                 t.target.clone(),

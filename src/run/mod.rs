@@ -9,7 +9,9 @@
 //!    to expire (polling), sharing the result of the run we waited for when reuse is on.
 //! 3. [`prepare`]: what must happen between acquiring and spawning, each statement bounded by
 //!    the lease's own deadline: nothing is spawned unless there is still time to stop it
-//!    before the lease could expire.
+//!    before the lease could expire. With `--slot`, this is where the slot is computed (on the
+//!    database's clock, from the acquisition) and a slot already done is skipped, under the
+//!    lease ([`slot`], `store::runs::skip_if_done`).
 //! 4. [`execute`]: spawn the child, then select between "child exited", "lease lost",
 //!    "--timeout" and "signal received"; stop the child when needed; store the run and its
 //!    event with the fenced save, which also releases the lease.
@@ -20,6 +22,7 @@
 mod child;
 pub mod events;
 pub mod heartbeat;
+pub mod slot;
 mod wait;
 
 use std::future::Future;
@@ -37,10 +40,11 @@ use crate::exit::{ChildStatus, Exit, Failure};
 use crate::process::Capture;
 use crate::signals::Signals;
 use crate::store::leases::{self, DbClock, Lease};
-use crate::store::runs::{self, Outcome, RunRecord, Saved};
+use crate::store::runs::{self, Outcome, RunRecord, Saved, SlotCheck};
 use child::{Child, Spec};
 use events::{EventsFile, JobEvents};
 use heartbeat::Heartbeat;
+use slot::Slot;
 use wait::{obtain, Obtained};
 
 /// How long one statement may go unanswered before the database counts as unavailable (the
@@ -103,9 +107,14 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         if db.can_listen() {
             hb.watch_releases(listening);
         }
-        match prepare(&mut db, &cfg, &lease, &hb, &mut signals).await? {
-            Prepared::Spawn => {
-                return execute(&mut db, &cfg, &me, &lease, hb, acquired_at, &mut signals).await
+        let clock = DbClock {
+            db_time: lease.granted_at,
+            local: acquired_at,
+        };
+        match prepare(&mut db, &cfg, &me, &lease, &hb, clock, &mut signals).await? {
+            Prepared::Spawn(slot) => {
+                let at = (acquired_at, slot);
+                return execute(&mut db, &cfg, &me, &lease, hb, at, &mut signals).await;
             }
             Prepared::Done(exit) => return Ok(exit),
             // A waiter waits on: the database (or leasectl) was slow, the lease is not gone
@@ -140,9 +149,9 @@ pub(crate) async fn bounded<T>(until: Instant, what: impl Future<Output = Result
 
 /// What to do once the lease is acquired.
 enum Prepared {
-    /// Start the command.
-    Spawn,
-    /// Do not run: a fresh result was printed, or a signal arrived.
+    /// Start the command (in this slot, with `--slot`).
+    Spawn(Option<Slot>),
+    /// Do not run: a fresh result was printed, the slot was done, or a signal arrived.
     Done(Exit),
     /// The command could not be started in time to be stopped before the lease could expire:
     /// the database did not confirm the lease in time (`silent_db`), or the deadline passed
@@ -150,8 +159,21 @@ enum Prepared {
     TooLate { why: String, silent_db: bool },
 }
 
+/// What [`prepare`]'s statement found.
+enum Check {
+    /// Nothing against running (in this slot, with `--slot`).
+    Go(Option<Slot>),
+    /// `--reuse-within`: a fresh result to print instead.
+    Reuse(runs::Reusable),
+    /// `--slot`: the slot was done; the skip is recorded and the lease released.
+    SlotDone(Slot, Uuid),
+    /// `--slot`: the lease was no longer ours.
+    NotOwner,
+}
+
 /// Between acquiring and spawning: forget the releases announced while we waited and, with
-/// `--reuse-within`, look once more for a result that was stored while we acquired.
+/// `--reuse-within`, look once more for a result that was stored while we acquired; with
+/// `--slot`, find the slot and skip it if it was already done.
 ///
 /// The lease was confirmed when the acquiring statement was sent; the heartbeat schedule's
 /// `stop_at` is the last moment at which a command spawned now could still be stopped before
@@ -162,8 +184,10 @@ enum Prepared {
 async fn prepare(
     db: &mut Db,
     cfg: &RunConfig,
+    me: &Me,
     lease: &Lease,
     hb: &Heartbeat<'_>,
+    clock: DbClock,
     signals: &mut Signals,
 ) -> Result<Prepared> {
     let until = hb.stop_at();
@@ -171,16 +195,17 @@ async fn prepare(
         // Releases announced while we waited are old news; the heartbeat keeps listening
         // for the next one (a `release --force` of our own target).
         while db.notifications.try_recv().is_ok() {}
-        match cfg.reuse_within {
+        if let Some(within) = cfg.reuse_within {
             // A run may have finished between our reuse check and the acquisition.
-            Some(within) => {
-                bounded(
-                    until,
-                    runs::reusable(&db.client, &db.schema, &cfg.target, within),
-                )
-                .await
-            }
-            None => Ok(None),
+            let found = runs::reusable(&db.client, &db.schema, &cfg.target, within);
+            return Ok(match bounded(until, found).await? {
+                Some(r) => Check::Reuse(r),
+                None => Check::Go(None),
+            });
+        }
+        match &cfg.slot {
+            Some(sc) => check_slot(db, cfg, me, lease, clock, sc, until).await,
+            None => Ok(Check::Go(None)),
         }
     };
     let checked = tokio::select! {
@@ -192,12 +217,31 @@ async fn prepare(
     };
     let prepared = match checked {
         Err(sig) => Prepared::Done(Exit::from_signal(sig)),
-        Ok(Ok(Some(r))) => {
+        Ok(Ok(Check::Reuse(r))) => {
             print_stdout(cfg, &r.stdout)?;
             Prepared::Done(Exit::Code(0))
         }
-        Ok(Ok(None)) if Instant::now() < hb.stop_at() => return Ok(Prepared::Spawn),
-        Ok(Ok(None)) => Prepared::TooLate {
+        // Skipped and released in one statement: nothing left to release.
+        Ok(Ok(Check::SlotDone(slot, by))) => {
+            info!(
+                "the slot {} of '{}' was done by run {by}; skipped",
+                crate::fmt::rfc3339(slot.start),
+                cfg.target
+            );
+            let code = cfg.slot.as_ref().map_or(0, |s| s.done_exit_code);
+            return Ok(Prepared::Done(Exit::Code(code)));
+        }
+        Ok(Ok(Check::NotOwner)) => Prepared::TooLate {
+            why: format!(
+                "the lease on '{}' was taken over before the command could be started (was leasectl paused?)",
+                cfg.target
+            ),
+            silent_db: false,
+        },
+        Ok(Ok(Check::Go(slot))) if Instant::now() < hb.stop_at() => {
+            return Ok(Prepared::Spawn(slot))
+        }
+        Ok(Ok(Check::Go(_))) => Prepared::TooLate {
             why: format!(
                 "the lease on '{}' ran out before the command could be started (was leasectl paused?)",
                 cfg.target
@@ -216,6 +260,68 @@ async fn prepare(
     };
     release_within(db, lease, until).await;
     Ok(prepared)
+}
+
+/// `--slot`: the slot of the acquisition, on the database's clock (the instant it granted the
+/// lease: hosts' clocks never enter), and under the lease the check whether a run already did
+/// it, which records the skip if so.
+async fn check_slot(
+    db: &Db,
+    cfg: &RunConfig,
+    me: &Me,
+    lease: &Lease,
+    clock: DbClock,
+    sc: &crate::config::SlotConfig,
+    until: Instant,
+) -> Result<Check> {
+    let Some(slot) = sc.schedule.slot_at(lease.granted_at, sc.skew) else {
+        return Err(crate::error::usage(format!(
+            "the schedule '{}' has no slot at {}",
+            sc.schedule.expr,
+            crate::fmt::rfc3339(lease.granted_at)
+        )));
+    };
+    let now = clock.at(Instant::now());
+    let skip = RunRecord {
+        id: Uuid::new_v4(),
+        outcome: Outcome::Skipped,
+        status: None,
+        exit_code_override: None,
+        argv: argv(cfg),
+        host: &me.host,
+        pid: me.pid,
+        started_at: now,
+        finished_at: now,
+        stdout: &[],
+        stderr: &[],
+        stdout_truncated: false,
+        stderr_truncated: false,
+        error: None,
+        events_kept: None,
+        job_events: None,
+        slot: Some(slot),
+    };
+    let schedule = (sc.schedule.expr.as_str(), sc.schedule.zone.as_deref());
+    let checked = runs::skip_if_done(
+        &db.client,
+        &db.schema,
+        lease,
+        &skip,
+        schedule,
+        sc.until_success,
+    );
+    Ok(match bounded(until, checked).await? {
+        SlotCheck::Open => Check::Go(Some(slot)),
+        SlotCheck::Done { by } => Check::SlotDone(slot, by),
+        SlotCheck::NotOwner => Check::NotOwner,
+    })
+}
+
+fn argv(cfg: &RunConfig) -> Vec<String> {
+    cfg.command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// Releases the lease, best-effort, giving up at `until`.
@@ -251,7 +357,7 @@ async fn execute(
     me: &Me,
     lease: &Lease,
     mut hb: Heartbeat<'_>,
-    acquired_at: Instant,
+    (acquired_at, slot): (Instant, Option<Slot>),
     signals: &mut Signals,
 ) -> Result<Exit> {
     let clock = DbClock {
@@ -277,6 +383,10 @@ async fn execute(
         env.push((events::VAR, f.path().to_string_lossy().into_owned()));
     }
     let started = Instant::now();
+    if let Some(s) = slot {
+        env.push(("LEASECTL_SLOT", crate::fmt::rfc3339(s.start)));
+        env.push(("LEASECTL_SLOT_END", crate::fmt::rfc3339(s.end)));
+    }
     let spec = Spec {
         argv: &cfg.command,
         env,
@@ -288,11 +398,7 @@ async fn execute(
         outcome,
         status,
         exit_code_override: None,
-        argv: cfg
-            .command
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
+        argv: argv(cfg),
         host: &me.host,
         pid: me.pid,
         started_at: clock.at(started),
@@ -304,6 +410,7 @@ async fn execute(
         error: None,
         events_kept: None,
         job_events: None,
+        slot,
     };
     let mut child = match Child::spawn(spec) {
         Ok(c) => c,

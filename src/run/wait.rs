@@ -259,7 +259,7 @@ async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Ex
             .exit_code
             .and_then(|c| u8::try_from(c).ok())
             .unwrap_or(Exit::NOT_FOUND),
-        Outcome::Lost | Outcome::Interrupted => return Ok(None),
+        Outcome::Lost | Outcome::Interrupted | Outcome::Skipped => return Ok(None),
     };
     if truncated {
         return Ok(None);

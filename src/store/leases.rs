@@ -235,7 +235,10 @@ pub struct TargetStatus {
     /// `None` while the target is free.
     pub heartbeat_age_ms: Option<i64>,
     pub ttl_ms: i64,
+    /// The newest run that was not `skipped`.
     pub last_run: Option<LastRun>,
+    /// How many `run --slot` callers found their slot done (among the stored runs).
+    pub skipped: i64,
 }
 
 /// The newest run of a target, for `status`.
@@ -251,7 +254,8 @@ pub struct LastRun {
     pub age_ms: i64,
 }
 
-/// Every target (or just `target`), by name, with its newest run.
+/// Every target (or just `target`), by name, with its newest run that ran (a skip is counted,
+/// not shown: the last run is what the command last did).
 pub async fn status(
     client: &Client,
     schema: &Schema,
@@ -267,10 +271,15 @@ pub async fn status(
                 l.ttl_ms,
                 r.id AS run_id, r.outcome, r.exit_code, r.signal, r.finished_at,
                 round(extract(epoch FROM r.finished_at - r.started_at) * 1000)::int8 AS duration_ms,
-                round(extract(epoch FROM now() - r.finished_at) * 1000)::int8 AS run_age_ms
+                round(extract(epoch FROM now() - r.finished_at) * 1000)::int8 AS run_age_ms,
+                (SELECT count(*) FROM {s}.runs k
+                  WHERE k.target = l.target AND k.slot IS NOT NULL AND k.outcome = 'skipped')
+                  AS skipped
            FROM {s}.leases l
            LEFT JOIN LATERAL (
-                SELECT * FROM {s}.runs WHERE runs.target = l.target ORDER BY finished_at DESC LIMIT 1
+                SELECT * FROM {s}.runs
+                 WHERE runs.target = l.target AND runs.outcome <> 'skipped'
+                 ORDER BY finished_at DESC LIMIT 1
            ) r ON true
           WHERE $1::text IS NULL OR l.target = $1
           ORDER BY l.target",
@@ -298,6 +307,7 @@ pub async fn status(
                 duration_ms: r.get("duration_ms"),
                 age_ms: r.get("run_age_ms"),
             }),
+            skipped: r.get("skipped"),
         })
         .collect())
 }

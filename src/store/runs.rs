@@ -14,15 +14,17 @@ use super::{ms, sql};
 use crate::db::Schema;
 use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
+use crate::run::slot::Slot;
 
-/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$18`: written once for
-/// both inserts (the fenced save and the `lost` record).
+/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$20` and then
+/// `done_by`: written once for every insert (the fenced save, the `lost` record, the skip).
 const INSERT_RUN: &str =
     "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
                            finished_at, exit_code, signal, stdout, stderr, stdout_truncated,
-                           stderr_truncated, error, events)";
+                           stderr_truncated, error, events, slot, slot_end, done_by)";
+/// `$1…$20`; `done_by` follows (NULL but for a skip).
 const RUN_VALUES: &str =
-    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18";
+    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20";
 
 /// How a run ended, as stored in `runs.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub enum Outcome {
     Interrupted,
     Lost,
     ExecFailed,
+    /// `run --slot` found its slot already done and did not run (see [`skip_if_done`]).
+    Skipped,
 }
 
 impl Outcome {
@@ -42,6 +46,7 @@ impl Outcome {
             Outcome::Interrupted => "interrupted",
             Outcome::Lost => "lost",
             Outcome::ExecFailed => "exec_failed",
+            Outcome::Skipped => "skipped",
         }
     }
 
@@ -52,6 +57,7 @@ impl Outcome {
             "interrupted" => Outcome::Interrupted,
             "lost" => Outcome::Lost,
             "exec_failed" => Outcome::ExecFailed,
+            "skipped" => Outcome::Skipped,
             _ => return None,
         })
     }
@@ -85,6 +91,8 @@ pub struct RunRecord<'a> {
     /// The command's events to insert after the run's own, as a JSON array of
     /// `{aggregate_type, aggregate_id, type, payload}` (see `run::events`).
     pub job_events: Option<&'a serde_json::Value>,
+    /// `run --slot`: the slot the run belongs to.
+    pub slot: Option<Slot>,
 }
 
 /// The result of the fenced save.
@@ -144,25 +152,25 @@ pub async fn save_fenced(
                FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), run AS (
              {INSERT_RUN}
-             SELECT {RUN_VALUES} FROM owner
+             SELECT {RUN_VALUES}, NULL::uuid FROM owner
              RETURNING target
          ), event AS (
              INSERT INTO {{s}}.outbox (aggregate_type, aggregate_id, type, payload)
              SELECT e.aggregate_type, e.aggregate_id, e.type, e.payload FROM (
                  SELECT 0::int8 AS ord, 'leasectl.target' AS aggregate_type,
-                        run.target AS aggregate_id, $19::text AS type, $20::jsonb AS payload
-                   FROM run WHERE $19::text IS NOT NULL
+                        run.target AS aggregate_id, $21::text AS type, $22::jsonb AS payload
+                   FROM run WHERE $21::text IS NOT NULL
                  UNION ALL
                  SELECT j.ord, j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type',
                         j.e->'payload'
-                   FROM run, jsonb_array_elements(coalesce($23::jsonb, '[]'))
+                   FROM run, jsonb_array_elements(coalesce($25::jsonb, '[]'))
                              WITH ORDINALITY AS j(e, ord)
              ) e ORDER BY e.ord
-             RETURNING pg_notify($22, '')
+             RETURNING pg_notify($24, '')
          ), released AS (
              UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($21, l.target)
+             RETURNING pg_notify($23, l.target)
          )
          SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
                 (SELECT count(*) FROM released) AS released"
@@ -194,6 +202,8 @@ struct RunFields {
     outcome: &'static str,
     exit_code: Option<i32>,
     signal: Option<i32>,
+    slot: Option<SystemTime>,
+    slot_end: Option<SystemTime>,
 }
 
 impl RunFields {
@@ -204,10 +214,12 @@ impl RunFields {
                 .exit_code_override
                 .or_else(|| run.status.and_then(ChildStatus::code)),
             signal: run.status.and_then(ChildStatus::signal),
+            slot: run.slot.map(|s| s.start),
+            slot_end: run.slot.map(|s| s.end),
         }
     }
 
-    /// $1…$17 of both run inserts, in the column order of [`INSERT_RUN`].
+    /// $1…$19 of every run insert, in the column order of [`INSERT_RUN`].
     fn params<'a>(
         &'a self,
         lease: &'a Lease,
@@ -232,12 +244,15 @@ impl RunFields {
             (&run.stderr_truncated, Type::BOOL),
             (&run.error, Type::TEXT),
             (&run.events_kept, Type::BYTEA),
+            (&self.slot, Type::TIMESTAMPTZ),
+            (&self.slot_end, Type::TIMESTAMPTZ),
         ]
     }
 }
 
 /// The outbox event of a stored run (SPEC: at least run_id, target, fence, exit_code — null
-/// when a signal ended the command, with `signal` set — started_at, finished_at, host).
+/// when a signal ended the command, with `signal` set — started_at, finished_at, host; and
+/// `slot`, `slot_end` for `run --slot`, null otherwise).
 /// Built here rather than in SQL: a fresh server backend would otherwise spend more time
 /// looking up the JSON and formatting functions than running the insert.
 fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_json::Value {
@@ -263,6 +278,8 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
         "stderr_bytes": run.stderr.len(),
         "stderr_truncated": run.stderr_truncated,
         "job_events": run.job_events.and_then(serde_json::Value::as_array).map_or(0, Vec::len),
+        "slot": f.slot.map(rfc3339),
+        "slot_end": f.slot_end.map(rfc3339),
     })
 }
 
@@ -277,7 +294,7 @@ pub async fn record_lost(
 ) -> Result<()> {
     let sql = sql(
         schema,
-        &format!("{INSERT_RUN} VALUES ({RUN_VALUES}) ON CONFLICT (id) DO NOTHING"),
+        &format!("{INSERT_RUN} VALUES ({RUN_VALUES}, NULL) ON CONFLICT (id) DO NOTHING"),
     );
     let mut f = RunFields::new(run);
     f.outcome = Outcome::Lost.as_str();
@@ -287,6 +304,103 @@ pub async fn record_lost(
         .await
         .context("cannot record the lost run")?;
     Ok(())
+}
+
+/// What [`skip_if_done`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotCheck {
+    /// No run did the slot yet: the caller runs, still holding the lease.
+    Open,
+    /// Run `by` did the slot: the skip is recorded and the lease released.
+    Done { by: Uuid },
+    /// The token no longer matched: nothing was written.
+    NotOwner,
+}
+
+/// The outcomes that "do" a slot. `completed` (any exit code, or a signal) and `timed_out`
+/// are results: the command ran in the slot and ended, and the promise is at most one run per
+/// slot. `lost` (the result was never stored by a holder: the command was stopped, or its save
+/// was fenced out), `interrupted` (leasectl was told to stop it, say a host shutting down),
+/// `exec_failed` (the command never started, perhaps only this host lacks it) and `skipped` (it
+/// did not run) are not: the next caller of the slot runs. With `--until-success` only a
+/// `completed` run that exited 0 counts (`{until_success}`: the flag's placeholder).
+const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
+                           AND (NOT {until_success} OR (r.outcome = 'completed' AND r.exit_code = 0
+                                                        AND r.signal IS NULL)))";
+
+/// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
+/// latest one seen wins) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
+/// records `skip` as a `skipped` run naming it (`done_by`; no output, no outbox event) and
+/// releases the lease.
+///
+/// The row lock on the lease (`owner`) makes the check and the skip, or the check and the
+/// run that follows, one critical section: two callers of the same slot cannot both find it
+/// open, since the second acquires only after the first stored its run (fenced save) or
+/// released the lease.
+pub async fn skip_if_done(
+    client: &Client,
+    schema: &Schema,
+    lease: &Lease,
+    skip: &RunRecord<'_>,
+    (schedule, zone): (&str, Option<&str>),
+    until_success: bool,
+) -> Result<SlotCheck> {
+    let lease_channel = schema.lease_channel();
+    let mut f = RunFields::new(skip);
+    f.outcome = Outcome::Skipped.as_str();
+    let mut params = f.params(lease, skip);
+    // This statement's own parameters follow the run's, however many columns a run has.
+    let [slot, until, sched, tz, channel] =
+        std::array::from_fn(|i| format!("${}", params.len() + i + 1));
+    params.extend([
+        (&f.slot as &(dyn ToSql + Sync), Type::TIMESTAMPTZ),
+        (&until_success, Type::BOOL),
+        (&schedule, Type::TEXT),
+        (&zone, Type::TEXT),
+        (&lease_channel, Type::TEXT),
+    ]);
+    let slot_done = SLOT_DONE.replace("{until_success}", &until);
+    let sql = sql(
+        schema,
+        &format!(
+            "WITH owner AS (
+             SELECT target FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
+         ), schedule AS (
+             INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz)
+             SELECT target, {sched}, {tz} FROM owner
+             ON CONFLICT (target) DO UPDATE
+                SET schedule = excluded.schedule, schedule_tz = excluded.schedule_tz,
+                    updated_at = now()
+              WHERE (e.schedule, e.schedule_tz)
+                    IS DISTINCT FROM (excluded.schedule, excluded.schedule_tz)
+         ), done AS (
+             SELECT r.id FROM {{s}}.runs r JOIN owner ON r.target = owner.target
+              WHERE r.slot = {slot} AND {slot_done}
+              ORDER BY r.finished_at LIMIT 1
+         ), run AS (
+             {INSERT_RUN}
+             SELECT {RUN_VALUES}, done.id FROM done
+             RETURNING target, done_by
+         ), released AS (
+             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+               FROM run WHERE l.target = run.target AND l.token = $4
+             RETURNING pg_notify({channel}, l.target)
+         )
+         SELECT (SELECT count(*) FROM owner) AS owned, (SELECT done_by FROM run) AS done_by,
+                (SELECT count(*) FROM released) AS released"
+        ),
+    );
+    let row = client
+        .query_typed_one(&sql, &params)
+        .await
+        .context("cannot check whether the slot was done")?;
+    if row.get::<_, i64>("owned") == 0 {
+        return Ok(SlotCheck::NotOwner);
+    }
+    Ok(match row.get::<_, Option<Uuid>>("done_by") {
+        Some(by) => SlotCheck::Done { by },
+        None => SlotCheck::Open,
+    })
 }
 
 /// A stored run whose stdout another caller may print instead of running.
@@ -373,6 +487,10 @@ pub struct Listed {
     pub stderr_truncated: bool,
     pub argv: Vec<String>,
     pub error: Option<String>,
+    /// `run --slot`: the slot, its end, and for a skip the run that had done it.
+    pub slot: Option<SystemTime>,
+    pub slot_end: Option<SystemTime>,
+    pub done_by: Option<Uuid>,
 }
 
 /// The newest `limit` runs of `target`, newest first, without their output.
@@ -388,7 +506,8 @@ pub async fn list(
                 round(extract(epoch FROM finished_at - started_at) * 1000)::int8 AS duration_ms,
                 round(extract(epoch FROM now() - finished_at) * 1000)::int8 AS age_ms,
                 length(stdout)::int8 AS stdout_bytes, stdout_truncated,
-                length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error
+                length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error,
+                slot, slot_end, done_by
            FROM {s}.runs WHERE target = $1
           ORDER BY finished_at DESC LIMIT $2",
     );
@@ -416,6 +535,9 @@ pub async fn list(
             stderr_truncated: r.get("stderr_truncated"),
             argv: r.get("argv"),
             error: r.get("error"),
+            slot: r.get("slot"),
+            slot_end: r.get("slot_end"),
+            done_by: r.get("done_by"),
         })
         .collect())
 }
@@ -428,7 +550,8 @@ pub enum Stream {
 }
 
 /// The captured bytes of run `run` of `target` or, without `run`, of its newest run that was not
-/// lost (a lost run's output is there for the operator who asks for it by id, not for scripts).
+/// lost (a lost run's output is there for the operator who asks for it by id, not for scripts)
+/// nor skipped (a skip has no output; the run that did its slot has).
 pub async fn output(
     client: &Client,
     schema: &Schema,
@@ -444,7 +567,7 @@ pub async fn output(
         schema,
         &format!(
             "SELECT {column} AS bytes FROM {{s}}.runs
-              WHERE target = $1 AND CASE WHEN $2::uuid IS NULL THEN outcome <> 'lost' ELSE id = $2 END
+              WHERE target = $1 AND CASE WHEN $2::uuid IS NULL THEN outcome NOT IN ('lost', 'skipped') ELSE id = $2 END
               ORDER BY finished_at DESC LIMIT 1"
         ),
     );
@@ -455,9 +578,9 @@ pub async fn output(
     Ok(rows.first().map(|r| r.get("bytes")))
 }
 
-/// Deletes runs that finished more than `older_than` ago, except each target's newest run (so
-/// `status` keeps showing it), in chunks so no lock is held for long. With `dry_run`, only
-/// counts. Returns the number of runs.
+/// Deletes runs that finished more than `older_than` ago, except each target's newest run that
+/// was not skipped (so `status` keeps showing it), in chunks so no lock is held for long. With
+/// `dry_run`, only counts. Returns the number of runs.
 pub async fn prune(
     client: &Client,
     schema: &Schema,
@@ -467,8 +590,10 @@ pub async fn prune(
     let ms = ms(older_than);
     let candidates = "SELECT r.id FROM {s}.runs r
                        WHERE r.finished_at < now() - $1::int8 * interval '1 millisecond'
-                         AND EXISTS (SELECT 1 FROM {s}.runs n
-                                      WHERE n.target = r.target AND n.finished_at > r.finished_at)";
+                         AND (r.outcome = 'skipped'
+                              OR EXISTS (SELECT 1 FROM {s}.runs n
+                                          WHERE n.target = r.target AND n.finished_at > r.finished_at
+                                            AND n.outcome <> 'skipped'))";
     if dry_run {
         let row = client
             .query_typed_one(

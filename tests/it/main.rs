@@ -27,4 +27,5 @@ mod safety;
 mod singleflight;
 mod sink_brokers;
 mod sink_local;
+mod slot;
 mod supervise;
