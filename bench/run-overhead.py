@@ -13,14 +13,18 @@ Candidates, each measured as the wall time of one whole process (start to exit):
   psql-bin   the same, calling the psql executable directly, when `psql` on PATH is Debian's
              pg_wrapper (a Perl script that adds ~25 ms of its own before psql even starts)
   flock      flock -n FILE true                           (a local lock file, no network)
-  etcdctl    etcdctl lock NAME true                       (only if etcd answers on 127.0.0.1:2379)
+  etcdctl    etcdctl lock NAME true                       (against --etcd-endpoint if given, else
+             an etcd the script starts itself on spare ports, with a temporary data directory,
+             stopped at the end; left out when neither etcd nor etcdctl is installed)
 
 Every round runs each candidate once, in an order rotated from round to round, so drift in the
 machine's load hits all of them alike. Three more leasectl invocations run in the same rounds to
 show where a run's time goes: `--version` (process start only), `migrate` (start + connect +
 schema check) and `run --no-event` (a run without the outbox insert). Then: the latency of a *busy* answer (a second
 `leasectl run` on a target another leasectl holds, exit 75), interleaved with psql the same way,
-and the resident memory of the holding leasectl process (VmRSS / VmHWM from /proc).
+and the resident memory of the holding leasectl process: VmRSS / VmHWM from /proc while it
+holds, and its peak RSS as GNU `/usr/bin/time -v` reports it when it exits (the holder runs
+under GNU time when that is installed; Debian package `time`).
 
 leasectl and psql both reach PostgreSQL the way a bare `psql` does: the libpq environment, else
 the local socket as the current OS user (DATABASE_URL is removed from the environment so both
@@ -57,12 +61,15 @@ def env_without_database_url():
 
 
 ENV = env_without_database_url()
+# What the timed commands get: the same, plus ETCDCTL_API=3 for etcdctl (the default of etcdctl
+# 3.4 and later; older ones would otherwise speak the v2 API, which has no `lock`).
+RUN_ENV = dict(ENV, ETCDCTL_API="3")
 
 
 def timed(argv, expect=0):
     """Runs argv to completion; returns its wall time in ms. Fails loudly on a surprise exit code."""
     start = time.perf_counter_ns()
-    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=RUN_ENV)
     elapsed = (time.perf_counter_ns() - start) / 1e6
     if p.returncode != expect:
         sys.exit(
@@ -128,6 +135,100 @@ def wait_until_held(leasectl, target, holder, patience=30.0):
     sys.exit(f"run-overhead: '{target}' was not held within {patience}s")
 
 
+def spare_port():
+    """A TCP port nothing listens on right now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    """A single-node etcd of our own: spare client and peer ports, a temporary data directory
+    (on the same disk as the system's temporary files), stopped and removed by `stop`."""
+
+    def __init__(self, binary, workdir):
+        self.client_port, self.peer_port = spare_port(), spare_port()
+        while self.peer_port == self.client_port:
+            self.peer_port = spare_port()
+        client = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        self.log = open(os.path.join(workdir, "etcd.log"), "wb")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--name", "bench",
+                "--data-dir", os.path.join(workdir, "etcd-data"),
+                "--listen-client-urls", client,
+                "--advertise-client-urls", client,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"bench={peer}",
+                "--initial-cluster-state", "new",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
+
+    def wait_ready(self, etcdctl, patience=30.0):
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"run-overhead: etcd exited {self.proc.returncode} at start; see {self.log.name}")
+            p = subprocess.run(
+                [etcdctl, f"--endpoints={self.endpoint}", "--dial-timeout=1s", "endpoint", "health"],
+                capture_output=True,
+                env=RUN_ENV,
+            )
+            if p.returncode == 0:
+                return
+            time.sleep(0.1)
+        sys.exit(f"run-overhead: etcd did not become healthy within {patience}s; see {self.log.name}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def gnu_time():
+    """/usr/bin/time if it is GNU time (it understands -v), else None."""
+    path = "/usr/bin/time"
+    if not os.access(path, os.X_OK):
+        return None
+    p = subprocess.run([path, "-v", "true"], capture_output=True, text=True)
+    return path if p.returncode == 0 and "Maximum resident set size" in p.stderr else None
+
+
+def child_pid(pid, patience=10.0):
+    """The one child of `pid` (GNU time's leasectl), once it has started."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                kids = f.read().split()
+        except OSError:
+            kids = []
+        if kids:
+            return int(kids[0])
+        time.sleep(0.01)
+    sys.exit(f"run-overhead: GNU time (pid {pid}) started no command within {patience}s")
+
+
+def max_rss_kib(report):
+    for line in report.splitlines():
+        if "Maximum resident set size" in line:
+            return int(line.rsplit(":", 1)[1])
+    return None
+
+
 def real_psql():
     """The psql executable behind `psql` on PATH, if that is Debian's pg_wrapper; else None."""
     path = shutil.which("psql")
@@ -171,6 +272,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100, at least 30)")
     ap.add_argument("--bin", default=str(REPO / "target/release/leasectl"), help="leasectl binary")
+    ap.add_argument(
+        "--etcd-endpoint",
+        help="an etcd to measure etcdctl against (host:port); default: start one on spare ports",
+    )
     args = ap.parse_args()
     if args.rounds < 30:
         sys.exit("run-overhead: --rounds must be at least 30")
@@ -189,6 +294,7 @@ def main():
     print(f"schema {schema}, {args.rounds} interleaved rounds\n")
 
     holder = None
+    etcd_server = None
     tmp = tempfile.TemporaryDirectory(prefix="leasectl-bench-")
     try:
         lockfile = os.path.join(tmp.name, "lock")
@@ -201,11 +307,27 @@ def main():
         if psql_bin:
             candidates.append(("psql-bin", [psql_bin, "-qAtc", "select 1"], 0))
             print(f"psql on PATH is Debian's pg_wrapper (Perl); psql-bin = {psql_bin}")
-        etcd = shutil.which("etcdctl") and port_open("127.0.0.1", 2379)
-        if etcd:
-            candidates.append(("etcdctl", ["etcdctl", "--endpoints=127.0.0.1:2379", "lock", f"leasectl-bench-{schema}", "true"], 0))
+        etcdctl = shutil.which("etcdctl")
+        endpoint = None
+        if not etcdctl:
+            print("etcd: not available (no etcdctl; Debian package etcd-client)")
+        elif args.etcd_endpoint:
+            host, _, port = args.etcd_endpoint.rpartition(":")
+            if not port.isdigit() or not port_open(host or "127.0.0.1", int(port)):
+                sys.exit(f"run-overhead: nothing answers on --etcd-endpoint {args.etcd_endpoint}")
+            endpoint = args.etcd_endpoint
+        elif shutil.which("etcd"):
+            etcd_server = Etcd(shutil.which("etcd"), tmp.name)
+            etcd_server.wait_ready(etcdctl)
+            endpoint = etcd_server.endpoint
+            print(f"etcd: started on {endpoint} (peer port {etcd_server.peer_port}, data in {tmp.name})")
         else:
-            print("etcd: not available (no etcdctl, or nothing answers on 127.0.0.1:2379)")
+            print("etcd: not available (no etcd server to start; Debian package etcd-server)")
+        etcd = endpoint is not None
+        if etcd:
+            candidates.append(
+                ("etcdctl", [etcdctl, f"--endpoints={endpoint}", "lock", f"leasectl-bench-{schema}", "true"], 0)
+            )
 
         breakdown = [
             ("version", [str(binary), "--version"], 0),
@@ -230,18 +352,23 @@ def main():
         print(f"  + the outbox event in the save                  {med['leasectl'] - med['no-event']:+7.2f}   (run: {med['leasectl']:.2f})")
 
         # Busy answer: a holder keeps the lease; every contender is turned away with 75.
+        timer = gnu_time()
+        time_report = os.path.join(tmp.name, "holder.time")
         holder = subprocess.Popen(
-            leasectl + ["run", "--target", "busy", "--", "sleep", "60"],
+            ([timer, "-v", "-o", time_report] if timer else [])
+            + leasectl
+            + ["run", "--target", "busy", "--", "sleep", "60"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=ENV,
         )
+        holder_pid = child_pid(holder.pid) if timer else holder.pid
         wait_until_held(leasectl, "busy", holder)
-        with open(f"/proc/{holder.pid}/comm") as f:
+        with open(f"/proc/{holder_pid}/comm") as f:
             comm = f.read().strip()
-        if comm != "leasectl":
-            sys.exit(f"run-overhead: pid {holder.pid} is {comm!r}, not leasectl")
+        if comm != binary.name[:15]:
+            sys.exit(f"run-overhead: pid {holder_pid} is {comm!r}, not {binary.name}")
         busy_candidates = [
             ("busy", leasectl + ["run", "--target", "busy", "--", "true"], 75),
             ("psql", ["psql", "-qAtc", "select 1"], 0),
@@ -252,17 +379,26 @@ def main():
         busy = median(busy_times["busy"])
         busy_psql = median(busy_times["psql"])
         busy_psql_bin = median(busy_times["psql-bin"]) if psql_bin else None
-        rss_mib = proc_status_kib(holder.pid, "VmRSS") / 1024
-        hwm_mib = proc_status_kib(holder.pid, "VmHWM") / 1024
-        holder.send_signal(signal.SIGTERM)
+        rss_mib = proc_status_kib(holder_pid, "VmRSS") / 1024
+        hwm_mib = proc_status_kib(holder_pid, "VmHWM") / 1024
+        os.kill(holder_pid, signal.SIGTERM)
         code = holder.wait(timeout=30)
         holder = None
         if code != 143:
             print(f"warning: the holder exited {code} after SIGTERM, expected 143")
+        peak_kib = None
+        if timer:
+            with open(time_report) as f:
+                peak_kib = max_rss_kib(f.read())
+        peak_mib = peak_kib / 1024 if peak_kib else None
 
         same = f"psql {busy_psql:.2f} ms" + (f", psql-bin {busy_psql_bin:.2f} ms" if psql_bin else "")
         print(f"\nBusy answer (exit 75): median {busy:.2f} ms ({same} in the same rounds)")
         print(f"Holding leasectl (pid of leasectl, not its child): VmRSS {rss_mib:.2f} MiB, VmHWM {hwm_mib:.2f} MiB")
+        if peak_mib is not None:
+            print(f"  GNU time -v, maximum resident set size over its whole life: {peak_mib:.2f} MiB")
+        else:
+            print("  GNU time: not installed (Debian package time); peak RSS from /proc only")
 
         r_psql = ratio(med["leasectl"], med["psql"])
         r_flock = ratio(med["leasectl"], med["flock"])
@@ -298,19 +434,24 @@ def main():
             f"| busy answer (`run` on a held target, exit 75) | {busy:.2f} ms | busy/psql = {r_busy:.3f}"
             + (f", busy/psql-bin = {ratio(busy, busy_psql_bin):.3f}" if psql_bin else "")
             + f" ({same} in the same rounds) | |",
-            f"| holding leasectl, VmRSS / VmHWM | {rss_mib:.2f} / {hwm_mib:.2f} MiB | | "
-            f"≤ {GOAL_RSS_MIB:g} MiB — {verdict(max(rss_mib, hwm_mib), GOAL_RSS_MIB)} |",
+            f"| holding leasectl, VmRSS / VmHWM (/proc) / peak RSS (GNU time -v) | {rss_mib:.2f} / {hwm_mib:.2f} / "
+            + (f"{peak_mib:.2f}" if peak_mib is not None else "n/a")
+            + f" MiB | | ≤ {GOAL_RSS_MIB:g} MiB — "
+            + verdict(max(rss_mib, hwm_mib, peak_mib or 0), GOAL_RSS_MIB)
+            + " |",
         ]
         print("\n----- summary (paste into docs/BENCHMARKS.md) -----")
         print("\n".join(lines))
         print("----- end of summary -----")
     finally:
         if holder is not None and holder.poll() is None:
-            holder.send_signal(signal.SIGTERM)
+            os.kill(holder_pid, signal.SIGTERM)
             try:
                 holder.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 holder.kill()
+        if etcd_server is not None:
+            etcd_server.stop()
         psql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', check=False)
         tmp.cleanup()
 

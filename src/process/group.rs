@@ -177,6 +177,15 @@ impl Group {
         self.signal(Signal::SIGKILL);
     }
 
+    /// The end of a run, done early: SIGKILL to the whole group (the watchdog included) and the
+    /// terminal back to leasectl, as dropping the group does. Only the watchdog's reap is left
+    /// to the drop, so its exit can overlap other work (`run`'s fenced save); until then its
+    /// pid, the group id, cannot be reused.
+    pub fn end_now(&mut self) {
+        self.signal(Signal::SIGKILL);
+        self._terminal = None;
+    }
+
     /// True while any live process other than the watchdog remains in the command's group.
     /// Zombies do not count: they run nothing (an init that reaps late must not make us wait
     /// out the grace for processes that are already gone).
@@ -455,5 +464,41 @@ impl Drop for Terminal {
         let _ = ttou.thread_block();
         let _ = nix::unistd::tcsetpgrp(io::stdin(), nix::unistd::getpgrp());
         let _ = ttou.thread_unblock();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The state letter of `/proc/PID/stat` (`None` once the process is reaped).
+    fn state(pid: Pid) -> Option<String> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat_fields(&stat).next().map(str::to_owned)
+    }
+
+    #[tokio::test]
+    async fn end_now_kills_the_watchdog_and_the_drop_reaps_it() {
+        let opts = Options {
+            watchdog: true,
+            terminal: false,
+        };
+        let mut group = Group::spawn(Command::new("true"), opts).unwrap();
+        let watchdog = group.watchdog.as_ref().unwrap().pid;
+        assert!(group.wait().await.success());
+        assert!(!group.has_leftovers());
+        group.end_now();
+        // Killed, not yet reaped: a zombie until the drop.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state(watchdog).as_deref() != Some("Z") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the watchdog is still {:?} after end_now",
+                state(watchdog)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(group);
+        assert_eq!(state(watchdog), None, "the drop reaps the watchdog");
     }
 }

@@ -94,6 +94,11 @@ impl Child {
         self.group.kill_leftovers();
     }
 
+    /// See [`Group::end_now`].
+    pub fn end_now(&mut self) {
+        self.group.end_now();
+    }
+
     /// See [`Group::end_leftovers`].
     pub async fn end_leftovers(&self, kill_at: Instant) -> bool {
         self.group.end_leftovers(kill_at).await

@@ -430,7 +430,11 @@ async fn execute(
     let ended = Instant::now();
     let completed = end.lost.is_none() && end.outcome == Outcome::Completed;
     let (out, err) = wind_up(&mut child, &mut hb, db, cfg, completed).await;
-    drop(child);
+    // Nothing of the group may outlive the run: it is SIGKILLed and the terminal handed back
+    // now, before the save, as dropping `child` here used to do. The watchdog is reaped when
+    // `child` drops at the end of this function, so its exit overlaps the save's commit
+    // instead of delaying it (0.1–3 ms on a busy machine).
+    child.end_now();
     let outcome = if end.lost.is_some() {
         Outcome::Lost
     } else {
