@@ -349,7 +349,7 @@ pub fn assess(w: &Watch) -> Assessment {
                 "finished_at": rfc3339(run.finished_at),
             }),
             text: format!(
-                "the last run ({}) ended {}, {}",
+                "the last run {}: {}, {}",
                 run.id,
                 run.outcome,
                 run.status()
@@ -434,8 +434,10 @@ async fn reconcile_in_transaction(
     if !store::try_lock_evaluation(client, schema).await? {
         return Ok(None);
     }
-    let open: std::collections::HashSet<(String, Kind)> =
-        store::open_incidents(client, schema).await?.into_iter().collect();
+    let open: std::collections::HashSet<(String, Kind)> = store::open_incidents(client, schema)
+        .await?
+        .into_iter()
+        .collect();
     let mut active = std::collections::HashSet::new();
     let mut done = Reconciled::default();
     for watch in store::watched(client, schema, None).await? {
@@ -516,23 +518,23 @@ mod tests {
     fn the_due_slot_is_the_latest_one_over_plus_its_grace() {
         let daily = Schedule::parse("0 2 * * *", None).unwrap();
         // 2026-03-10 02:30: yesterday's slot ends at 02:00 today, grace 1h: not over yet.
-        let (s, e, g) = daily
-            .due_slot(t("2026-03-10T02:30:00Z"), None)
-            .unwrap();
-        assert_eq!((s, e), (t("2026-03-08T02:00:00Z"), t("2026-03-09T02:00:00Z")));
+        let (s, e, g) = daily.due_slot(t("2026-03-10T02:30:00Z"), None).unwrap();
+        assert_eq!(
+            (s, e),
+            (t("2026-03-08T02:00:00Z"), t("2026-03-09T02:00:00Z"))
+        );
         assert_eq!(g, MAX_DEFAULT_GRACE);
         let (s, _, _) = daily.due_slot(t("2026-03-10T03:00:00Z"), None).unwrap();
         assert_eq!(s, t("2026-03-09T02:00:00Z"));
         // Minutely: grace 6s.
         let minutely = Schedule::parse("* * * * *", None).unwrap();
-        let (s, e, g) = minutely
-            .due_slot(t("2026-03-10T12:00:05Z"), None)
-            .unwrap();
-        assert_eq!((s, e), (t("2026-03-10T11:58:00Z"), t("2026-03-10T11:59:00Z")));
+        let (s, e, g) = minutely.due_slot(t("2026-03-10T12:00:05Z"), None).unwrap();
+        assert_eq!(
+            (s, e),
+            (t("2026-03-10T11:58:00Z"), t("2026-03-10T11:59:00Z"))
+        );
         assert_eq!(g, Duration::from_secs(6));
-        let (s, _, _) = minutely
-            .due_slot(t("2026-03-10T12:00:06Z"), None)
-            .unwrap();
+        let (s, _, _) = minutely.due_slot(t("2026-03-10T12:00:06Z"), None).unwrap();
         assert_eq!(s, t("2026-03-10T11:59:00Z"));
         // An explicit grace.
         let (s, _, g) = minutely

@@ -174,10 +174,7 @@ pub async fn watched(
 /// Every open incident: target and kind.
 pub async fn open_incidents(client: &Client, schema: &Schema) -> Result<Vec<(String, Kind)>> {
     let rows = client
-        .query_typed(
-            &sql(schema, "SELECT target, kind FROM {s}.incidents"),
-            &[],
-        )
+        .query_typed(&sql(schema, "SELECT target, kind FROM {s}.incidents"), &[])
         .await
         .context("cannot read the open incidents")?;
     Ok(rows
