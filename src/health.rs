@@ -348,12 +348,7 @@ pub fn assess(w: &Watch) -> Assessment {
                 "signal": run.signal,
                 "finished_at": rfc3339(run.finished_at),
             }),
-            text: format!(
-                "the last run {}: {}, {}",
-                run.id,
-                run.outcome,
-                run.status()
-            ),
+            text: format!("the last run {}: {}, {}", run.id, run.outcome, run.status()),
         });
     }
 
