@@ -198,6 +198,11 @@ may run at once. A refused event is retried with backoff (1s doubling to 5m) and
 --max-attempts; only later events of its own aggregate wait for it. An unreachable sink costs no
 attempts: the relay backs off and tries again.
 
+It is also the dead-man switch: before its batches (at most once a second; --once: once) it
+judges the health of watched targets (see `leasectl expect`) and inserts one
+leasectl.target.<missed|overdue|failing|too_long> event when an incident starts and one
+leasectl.target.recovered when it ends, exactly once however many relays run.
+
 Sinks:
   stdout                         one JSON object per line
   exec:COMMAND                   sh -c COMMAND per event, event JSON on stdin; exit 0 = delivered
