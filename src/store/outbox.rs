@@ -445,7 +445,7 @@ pub struct Backlog {
 
 pub async fn backlog(client: &Client, schema: &Schema) -> Result<Backlog> {
     let row = client
-        .query_one(
+        .query_typed_one(
             &sql(
                 schema,
                 "SELECT count(*) FILTER (WHERE dead_at IS NULL) AS pending,
