@@ -16,11 +16,17 @@ _leasectl() {
             ",$1")
                 cmd="leasectl"
                 ;;
+            leasectl,check)
+                cmd="leasectl__subcmd__check"
+                ;;
             leasectl,completions)
                 cmd="leasectl__subcmd__completions"
                 ;;
             leasectl,emit)
                 cmd="leasectl__subcmd__emit"
+                ;;
+            leasectl,expect)
+                cmd="leasectl__subcmd__expect"
                 ;;
             leasectl,help)
                 cmd="leasectl__subcmd__help"
@@ -52,11 +58,17 @@ _leasectl() {
             leasectl,status)
                 cmd="leasectl__subcmd__status"
                 ;;
+            leasectl__subcmd__help,check)
+                cmd="leasectl__subcmd__help__subcmd__check"
+                ;;
             leasectl__subcmd__help,completions)
                 cmd="leasectl__subcmd__help__subcmd__completions"
                 ;;
             leasectl__subcmd__help,emit)
                 cmd="leasectl__subcmd__help__subcmd__emit"
+                ;;
+            leasectl__subcmd__help,expect)
+                cmd="leasectl__subcmd__help__subcmd__expect"
                 ;;
             leasectl__subcmd__help,help)
                 cmd="leasectl__subcmd__help__subcmd__help"
@@ -128,12 +140,38 @@ _leasectl() {
 
     case "${cmd}" in
         leasectl)
-            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release relay outbox prune migrate emit completions help"
+            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release expect check relay outbox prune migrate emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__check)
+            opts="-v -h -V --target --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -209,9 +247,61 @@ _leasectl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        leasectl__subcmd__help)
-            opts="run status runs output release relay outbox prune migrate emit completions help"
+        leasectl__subcmd__expect)
+            opts="-v -h -V --target --every --grace --max-duration --clear --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --every)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-duration)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help)
+            opts="run status runs output release expect check relay outbox prune migrate emit completions help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__check)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -238,6 +328,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help__subcmd__emit)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__expect)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

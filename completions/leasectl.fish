@@ -34,6 +34,8 @@ complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "status" -d 'Show 
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "runs" -d 'List the recorded runs of a target, newest first'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "expect" -d 'Say what is expected of a target: a successful run every DUR, runs no longer than DUR'
+complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "check" -d 'Print one line per unhealthy watched target; exit 1 if there is any'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
@@ -95,6 +97,22 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l no-wait -d
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l target -d 'The target to watch' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l every -d 'A successful run (exit 0) at least this often, else it is overdue' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l grace -d 'How late a run may be before it counts as overdue or its slot as missed' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l max-duration -d 'A holder running longer than this is "too long"' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Forget the expectation (a schedule from `run --slot` still watches the target)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l target -d 'Only these targets (repeatable) [default: every watched target]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s h -l help -d 'Print help'
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s V -l version -d 'Print version'
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l sink -d 'Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch -d 'Events claimed per transaction' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l poll -d 'Fallback poll interval; new events wake the relay at once through NOTIFY' -r
@@ -167,18 +185,20 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -l schema
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand completions" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "emit" -d 'Append an outbox event to the running command\'s $LEASECTL_EVENTS (inside `leasectl run`)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release relay outbox prune migrate emit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "run" -d 'Run COMMAND under a fenced heartbeat lease on TARGET'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "status" -d 'Show each target\'s lease, its last run and the outbox backlog'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "runs" -d 'List the recorded runs of a target, newest first'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "output" -d 'Print the captured stdout (or stderr) of a stored run, byte for byte'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "release" -d 'Break a target\'s lease (operator use); the next holder still gets a higher fence'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "expect" -d 'Say what is expected of a target: a successful run every DUR, runs no longer than DUR'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "check" -d 'Print one line per unhealthy watched target; exit 1 if there is any'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "relay" -d 'Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "outbox" -d 'Inspect and repair undelivered outbox events'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "prune" -d 'Delete runs older than a given age (each target keeps its newest run)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "migrate" -d 'Apply pending schema migrations (every command also does this itself), or print grants'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "emit" -d 'Append an outbox event to the running command\'s $LEASECTL_EVENTS (inside `leasectl run`)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "completions" -d 'Print shell completions'
+complete -c leasectl -n "__fish_leasectl_using_subcommand help; and not __fish_seen_subcommand_from run status runs output release expect check relay outbox prune migrate emit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "list" -d 'List undelivered events, oldest first, with their state and last error'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
 complete -c leasectl -n "__fish_leasectl_using_subcommand help; and __fish_seen_subcommand_from outbox" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'

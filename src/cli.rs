@@ -94,6 +94,12 @@ anyway (its TTL after its last heartbeat), and says which happened; --no-wait re
 Example:\n  leasectl release --target nightly-report --force"
     )]
     Release(ReleaseArgs),
+    /// Say what is expected of a target: a successful run every DUR, runs no longer than DUR
+    #[command(after_help = EXPECT_HELP)]
+    Expect(ExpectArgs),
+    /// Print one line per unhealthy watched target; exit 1 if there is any
+    #[command(after_help = CHECK_HELP)]
+    Check(CheckArgs),
     /// Publish outbox events to RabbitMQ, NATS JetStream, a webhook, a command or stdout
     #[command(after_help = RELAY_HELP)]
     Relay(RelayArgs),
@@ -247,6 +253,11 @@ may run at once. A refused event is retried with backoff (1s doubling to 5m) and
 --max-attempts; only later events of its own aggregate wait for it. An unreachable sink costs no
 attempts: the relay backs off and tries again.
 
+It is also the dead-man switch: before its batches (at most once a second; --once: once) it
+judges the health of watched targets (see `leasectl expect`) and inserts one
+leasectl.target.<missed|overdue|failing|too_long> event when an incident starts and one
+leasectl.target.recovered when it ends, exactly once however many relays run.
+
 Sinks:
   stdout                         one JSON object per line
   exec:COMMAND                   sh -c COMMAND per event, event JSON on stdin; exit 0 = delivered
@@ -267,6 +278,73 @@ Examples:
 Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
 events went dead during the pass; 2 usage; 69 database unreachable, or the sink unreachable with
 --once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
+
+const EXPECT_HELP: &str = "\
+A target is watched when it has an expectation or a schedule (stored by `run --slot`). Each
+`expect` replaces the previous expectation whole; the schedule stays. Health is judged on the
+database clock: `status` shows it, `check` exits 1 on a problem, and a running `relay` turns each
+problem into one leasectl.target.<missed|overdue|failing|too_long> event and its end into one
+leasectl.target.recovered event.
+
+--grace applies to --every and to the schedule's slots [default: a tenth of the interval, at
+most 1h].
+
+Examples:
+  leasectl expect --target nightly-report --every 1d --grace 2h
+  leasectl expect --target deploy --max-duration 30m
+  leasectl expect --target nightly-report --clear
+
+Exit codes: 0 stored; 2 usage; 69 database unavailable; 70 internal; 77 the role lacks a privilege.";
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true)
+    .args(["every", "grace", "max_duration", "clear"])))]
+pub struct ExpectArgs {
+    /// The target to watch
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+    /// A successful run (exit 0) at least this often, else it is overdue
+    #[arg(long, value_parser = parse_expected_duration, value_name = "DUR")]
+    pub every: Option<Duration>,
+    /// How late a run may be before it counts as overdue or its slot as missed
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub grace: Option<Duration>,
+    /// A holder running longer than this is "too long"
+    #[arg(long, value_parser = parse_expected_duration, value_name = "DUR")]
+    pub max_duration: Option<Duration>,
+    /// Forget the expectation (a schedule from `run --slot` still watches the target)
+    #[arg(long, conflicts_with_all = ["every", "grace", "max_duration"])]
+    pub clear: bool,
+}
+
+/// A duration for `--every` / `--max-duration`: at least a millisecond (the database stores
+/// milliseconds, and "every 0s" means nothing).
+fn parse_expected_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(1) {
+        return Err(format!("'{s}' is too short (at least 1ms)"));
+    }
+    Ok(d)
+}
+
+const CHECK_HELP: &str = "\
+For monitoring (Nagios and the like) and for `&&` in scripts. Prints one line per unhealthy
+watched target — its health (missed, overdue, failing, too long), since when (database clock)
+and why — and nothing when all are ok. A --target that is not watched is reported as such.
+
+Examples:
+  leasectl check
+  leasectl check --target nightly-report && echo fine
+
+Exit codes: 0 every watched target (or each one named) is ok; 1 one is not, or is not watched;
+2 usage; 69 database unavailable; 70 internal; 77 the role lacks a privilege.";
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Only these targets (repeatable) [default: every watched target]
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: Vec<String>,
+}
 
 const MIGRATE_HELP: &str = "\
 Run it as the role that owns the schema (or may create it). Other roles need not own anything:

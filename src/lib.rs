@@ -28,6 +28,7 @@ pub mod db;
 pub mod error;
 pub mod exit;
 pub mod fmt;
+pub mod health;
 #[macro_use]
 pub mod log;
 pub mod process;

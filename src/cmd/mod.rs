@@ -1,7 +1,9 @@
 //! One module per subcommand: each takes its parsed arguments and returns an [`Exit`].
 
+pub mod check;
 pub mod completions;
 pub mod emit;
+pub mod expect;
 pub mod migrate;
 pub mod outbox;
 pub mod output;
@@ -35,6 +37,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Runs(a) => one_shot(runs::run(db, a)).await,
         Command::Output(a) => one_shot(output::run(db, a)).await,
         Command::Release(a) => one_shot(release::run(db, a)).await,
+        Command::Expect(a) => one_shot(expect::run(db, a)).await,
+        Command::Check(a) => one_shot(check::run(db, a)).await,
         Command::Outbox(a) => one_shot(outbox::run(db, a)).await,
         Command::Prune(a) => one_shot(prune::run(db, a)).await,
         Command::Migrate(a) => one_shot(migrate::run(db, a)).await,

@@ -1,4 +1,6 @@
-//! `leasectl status [--target T] [--json]`: leases, last runs and the outbox backlog.
+//! `leasectl status [--target T] [--json]`: leases, last runs, health and the outbox backlog.
+
+use std::collections::BTreeMap;
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -6,18 +8,50 @@ use serde_json::{json, Value};
 use crate::cli::{DbArgs, StatusArgs};
 use crate::exit::Exit;
 use crate::fmt;
+use crate::health;
+use crate::store::leases::TargetStatus;
 use crate::store::{leases, outbox};
 
 pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    let targets = leases::status(&db.client, &db.schema, args.target.as_deref()).await?;
+    let leases = leases::status(&db.client, &db.schema, args.target.as_deref()).await?;
+    let named = args.target.as_ref().map(std::slice::from_ref);
+    let watched = crate::store::health::watched(&db.client, &db.schema, named).await?;
+    // Health per watched target; a target expected before its first run has no lease row yet
+    // and is listed all the same (free, fence 0, no TTL).
+    let mut health: BTreeMap<String, &'static str> = watched
+        .iter()
+        .map(|w| (w.target.clone(), health::assess(w).health()))
+        .collect();
+    let mut targets: Vec<(String, Option<TargetStatus>, Option<&'static str>)> = leases
+        .into_iter()
+        .map(|t| {
+            let h = health.remove(&t.target);
+            (t.target.clone(), Some(t), h)
+        })
+        .collect();
+    targets.extend(health.into_iter().map(|(t, h)| (t, None, Some(h))));
+    targets.sort_by(|a, b| a.0.cmp(&b.0));
     let backlog = outbox::backlog(&db.client, &db.schema).await?;
     let (pending, dead, oldest) = (backlog.pending, backlog.dead, backlog.oldest_pending_ms);
 
     if args.json {
         let targets: Vec<Value> = targets
             .iter()
-            .map(|t| {
+            .map(|(name, t, health)| {
+                let Some(t) = t else {
+                    return json!({
+                        "target": name,
+                        "state": "free",
+                        "holder_host": null,
+                        "holder_pid": null,
+                        "fence": 0,
+                        "heartbeat_age_ms": null,
+                        "ttl_ms": null,
+                        "last_run": null,
+                        "health": health,
+                    });
+                };
                 let last_run = t.last_run.as_ref().map(|r| {
                     json!({
                         "run_id": r.id.to_string(),
@@ -38,6 +72,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "ttl_ms": t.ttl_ms,
                     "last_run": last_run,
                     "skipped": t.skipped,
+                    "health": health,
                 })
             })
             .collect();
@@ -56,7 +91,21 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
 
     let rows: Vec<Vec<String>> = targets
         .iter()
-        .map(|t| {
+        .map(|(name, t, health)| {
+            let health = health.unwrap_or("-").to_owned();
+            let Some(t) = t else {
+                let dash = || "-".to_owned();
+                return vec![
+                    name.clone(),
+                    "free".into(),
+                    health,
+                    dash(),
+                    dash(),
+                    dash(),
+                    dash(),
+                    dash(),
+                ];
+            };
             let holder = match (&t.holder_host, t.holder_pid) {
                 (Some(h), Some(p)) => format!("{h} pid {p}"),
                 _ => "-".into(),
@@ -89,6 +138,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
             vec![
                 t.target.clone(),
                 t.state.clone(),
+                health,
                 holder,
                 t.fence.to_string(),
                 heartbeat,
@@ -107,6 +157,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
             &[
                 "TARGET",
                 "STATE",
+                "HEALTH",
                 "HOLDER",
                 "FENCE",
                 "HEARTBEAT",

@@ -22,6 +22,10 @@
 //! the relay exits 0; a second signal drops the batch at once — its transaction rolls back, so
 //! it is published again later — and exits 128+N. [`progress`] is the terminal line and `-v`
 //! reports; [`sink`] holds one module per sink.
+//!
+//! The dead-man switch rides along: before a batch, at most once a second, the relay
+//! evaluates the watched targets' health and opens or closes their incidents, each with one
+//! outbox event ([`crate::health::reconcile`]); `--once` evaluates once, before it drains.
 
 pub mod backoff;
 pub mod progress;
@@ -46,6 +50,9 @@ use sink::{Sink, SinkOptions, SinkSpec};
 /// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
 /// minute, and a fast relay can churn through millions of rows in that time).
 const VACUUM_EVERY: u64 = 20_000;
+
+/// How often at most the relay evaluates the targets' health.
+const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -78,8 +85,12 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         progress: Progress::new(&cfg.sink.describe()),
         since_vacuum: 0,
         vacuum: true,
+        health_at: None,
+        health_on: true,
         cfg,
     };
+    // Before `--once` fixes what it drains, so the incidents it opens are published too.
+    relay.watch_health(&db).await?;
     if relay.cfg.once {
         relay.up_to_seq = outbox::max_seq(&db.client, &db.schema).await?;
     } else {
@@ -118,6 +129,9 @@ struct Relay {
     progress: Progress,
     since_vacuum: u64,
     vacuum: bool,
+    /// When health was last evaluated, and whether this relay still does.
+    health_at: Option<Instant>,
+    health_on: bool,
 }
 
 /// What one batch did.
@@ -143,7 +157,16 @@ impl Relay {
             }
             // Notifications that arrived while we were busy are answered by this very claim.
             while db.notifications.try_recv().is_ok() {}
-            let report = match self.batch(db).await {
+            let step = if self.cfg.once {
+                Ok(())
+            } else {
+                self.watch_health(db).await
+            };
+            let step = match step {
+                Ok(()) => self.batch(db).await,
+                Err(e) => Err(e),
+            };
+            let report = match step {
                 Ok(r) => r,
                 Err(e) => {
                     let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() else {
@@ -238,6 +261,38 @@ impl Relay {
             went_dead,
             sink_down,
         })
+    }
+
+    /// Evaluates the targets' health and opens or closes incidents, at most once per
+    /// [`HEALTH_EVERY`]. An unavailable database is returned (the caller reconnects); any other
+    /// failure — a role without the grants on `incidents`, say — is reported once and this relay
+    /// stops evaluating, so the events keep flowing.
+    async fn watch_health(&mut self, db: &Db) -> Result<()> {
+        if !self.health_on || self.health_at.is_some_and(|t| t.elapsed() < HEALTH_EVERY) {
+            return Ok(());
+        }
+        self.health_at = Some(Instant::now());
+        match crate::health::reconcile(&db.client, &db.schema).await {
+            Ok(Some(r)) if r.opened + r.recovered > 0 => {
+                info!(
+                    "health: {} incident(s) opened, {} recovered",
+                    r.opened, r.recovered
+                );
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let unavailable = e
+                    .downcast_ref::<tokio_postgres::Error>()
+                    .is_some_and(db::is_unavailable);
+                if unavailable {
+                    return Err(e);
+                }
+                warn!("cannot evaluate the targets' health ({e:#}); this relay no longer does");
+                self.health_on = false;
+                Ok(())
+            }
+        }
     }
 
     /// Waits for a NOTIFY, the poll interval, the earliest retry falling due, or a signal.

@@ -5,12 +5,15 @@
 //! * [`runs`]: the fenced save that stores a run and its outbox event, the `lost` record,
 //!   reuse look-ups, the listing and output of `runs` / `output`, and pruning;
 //! * [`outbox`]: the relay's claim and restore, and the operator's list / retry / discard /
-//!   backlog.
+//!   backlog;
+//! * [`health`]: expectations (`expect`), the facts the dead-man switch judges, and the
+//!   incidents a relay opens and closes with their events.
 //!
 //! Rows are read by column name into small structs; callers never see a `Row`. The few
 //! predicates that more than one statement needs are defined once here ([`sql`] splices them
 //! into statement templates), so a change to what "expired" or "held" means cannot miss a copy.
 
+pub mod health;
 pub mod leases;
 pub mod outbox;
 pub mod runs;

@@ -14,6 +14,7 @@ mod connect;
 mod events;
 mod faults;
 mod harness;
+mod health;
 mod inspect;
 mod job_events;
 mod lease;

@@ -1,0 +1,624 @@
+//! The dead-man switch: is a watched target doing what is expected of it?
+//!
+//! A target is *watched* when it has a schedule (stored by `run --slot`) or an expectation (set
+//! by `leasectl expect`). Everything is judged on the **database clock**: the store hands over
+//! `now()` with the facts ([`Watch`]), and this module only compares instants — no host clock
+//! is ever read here, so two hosts (or a relay and `check`) always agree.
+//!
+//! Four problems, each an incident of its own ([`Kind`]); when several apply, the target's one
+//! health word is the first in this order (the most urgent and most specific first):
+//!
+//! * **too long**: the live holder acquired the lease more than `--max-duration` ago;
+//! * **missed**: the latest slot that is over (the next slot began, plus the grace) has no
+//!   completed run in it or in any later slot;
+//! * **overdue**: no successful run (exit 0) finished within `--every` plus the grace;
+//! * **failing**: the newest run that says how the job fared failed.
+//!
+//! The SQL that gathers the facts is in [`crate::store::health`].
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::fmt::rfc3339;
+
+/// The grace a late run gets when `--grace` is not given: a tenth of the interval, at most this.
+pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(3600);
+
+/// How many slots [`Schedule::due_slot`] walks at most (a minutely schedule needs 60).
+const MAX_STEPS: usize = 2_000;
+
+/// One kind of incident, as stored in `incidents.kind` and named in event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    TooLong,
+    Missed,
+    Overdue,
+    Failing,
+}
+
+impl Kind {
+    /// In `incidents.kind` and the event type `leasectl.target.<kind>`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::TooLong => "too_long",
+            Kind::Missed => "missed",
+            Kind::Overdue => "overdue",
+            Kind::Failing => "failing",
+        }
+    }
+
+    /// The health word `status` and `check` show.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::TooLong => "too long",
+            other => other.as_str(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        [Kind::TooLong, Kind::Missed, Kind::Overdue, Kind::Failing]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+
+    pub fn event_type(self) -> String {
+        format!("leasectl.target.{}", self.as_str())
+    }
+}
+
+/// The event type announcing that an incident ended.
+pub const RECOVERED: &str = "leasectl.target.recovered";
+
+/// A cron schedule in a time zone: a 5-field expression or `@hourly`, `@daily`, `@weekly`,
+/// `@monthly` (`@yearly`/`@annually` too), parsed by `croner`, in UTC unless a zone is given.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: croner::Cron,
+    tz: chrono_tz::Tz,
+}
+
+impl Schedule {
+    pub fn parse(expr: &str, tz: Option<&str>) -> Result<Schedule, String> {
+        let parser = croner::parser::CronParser::builder()
+            .seconds(croner::parser::Seconds::Disallowed)
+            .year(croner::parser::Year::Disallowed)
+            .build();
+        let cron = parser
+            .parse(expr)
+            .map_err(|e| format!("'{expr}' is not a 5-field cron schedule ({e})"))?;
+        let tz = match tz {
+            None => chrono_tz::UTC,
+            Some(name) => chrono_tz::Tz::from_str(name)
+                .map_err(|_| format!("'{name}' is not an IANA time zone name"))?,
+        };
+        Ok(Schedule { cron, tz })
+    }
+
+    /// The latest scheduled instant at or before `at`.
+    pub fn at_or_before(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let found = self.cron.find_previous_occurrence(&t, true).ok()?;
+        Some(found.with_timezone(&Utc).into())
+    }
+
+    /// The first scheduled instant after `at`.
+    pub fn after(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let found = self.cron.find_next_occurrence(&t, false).ok()?;
+        Some(found.with_timezone(&Utc).into())
+    }
+
+    /// The first scheduled instant before `at`.
+    fn before(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let found = self.cron.find_previous_occurrence(&t, false).ok()?;
+        Some(found.with_timezone(&Utc).into())
+    }
+
+    /// The latest slot that is over at `now`: the slot `[start, end)` with the latest end such
+    /// that `end + grace(start, end) <= now`, and that grace.
+    pub fn due_slot(
+        &self,
+        now: SystemTime,
+        grace: Option<Duration>,
+    ) -> Option<(SystemTime, SystemTime, Duration)> {
+        let grace_of = |s: SystemTime, e: SystemTime| {
+            grace.unwrap_or_else(|| default_grace(e.duration_since(s).unwrap_or_default()))
+        };
+        let due = |s, e| e_plus(e, grace_of(s, e)).is_some_and(|d| d <= now);
+        // Every slot ending at or before `now - upper` is due, whatever its length.
+        let upper = grace.unwrap_or(MAX_DEFAULT_GRACE);
+        let a = self.at_or_before(now.checked_sub(upper)?)?;
+        let mut slot = (self.before(a)?, a);
+        for _ in 0..MAX_STEPS {
+            let next = (slot.1, self.after(slot.1)?);
+            if !due(next.0, next.1) {
+                break;
+            }
+            slot = next;
+        }
+        Some((slot.0, slot.1, grace_of(slot.0, slot.1)))
+    }
+}
+
+/// `at` as a chrono instant; `None` outside chrono's range (a grace of centuries read from the
+/// database), where chrono's own `From` would panic.
+fn chrono_time(at: SystemTime) -> Option<DateTime<Utc>> {
+    let (secs, nanos) = match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (i64::try_from(d.as_secs()).ok()?, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            let secs = -i64::try_from(d.as_secs()).ok()?;
+            match d.subsec_nanos() {
+                0 => (secs, 0),
+                n => (secs.checked_sub(1)?, 1_000_000_000 - n),
+            }
+        }
+    };
+    DateTime::from_timestamp(secs, nanos)
+}
+
+/// A tenth of `interval`, at most [`MAX_DEFAULT_GRACE`].
+pub fn default_grace(interval: Duration) -> Duration {
+    (interval / 10).min(MAX_DEFAULT_GRACE)
+}
+
+fn e_plus(t: SystemTime, d: Duration) -> Option<SystemTime> {
+    t.checked_add(d)
+}
+
+/// Milliseconds from the database as a duration (negative clamps to zero).
+fn millis(ms: i64) -> Duration {
+    crate::fmt::millis(ms)
+}
+
+/// A duration as milliseconds for JSON, saturating.
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The newest run that says how the job fared (neither `skipped` nor `lost`).
+#[derive(Debug, Clone)]
+pub struct LastRun {
+    pub id: Uuid,
+    pub outcome: String,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub finished_at: SystemTime,
+}
+
+impl LastRun {
+    pub fn failed(&self) -> bool {
+        self.outcome != "completed" || self.exit_code != Some(0)
+    }
+
+    fn status(&self) -> String {
+        match (self.exit_code, self.signal) {
+            (_, Some(sig)) => format!("signal {sig}"),
+            (Some(code), None) => format!("exit {code}"),
+            (None, None) => "no status".into(),
+        }
+    }
+}
+
+/// The live holder of a watched target.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    pub host: Option<String>,
+    pub pid: Option<i32>,
+    pub fence: i64,
+    pub acquired_at: SystemTime,
+}
+
+/// What the database knows about one watched target, read at `now` (its clock).
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub target: String,
+    pub now: SystemTime,
+    pub schedule: Option<String>,
+    pub schedule_tz: Option<String>,
+    pub every_ms: Option<i64>,
+    pub grace_ms: Option<i64>,
+    pub max_duration_ms: Option<i64>,
+    /// When the expectation row was last written.
+    pub updated_at: SystemTime,
+    /// The earliest slot any stored run of the target belongs to.
+    pub first_slot: Option<SystemTime>,
+    /// The latest slot with a completed (or timed-out) run, or a skip — which is recorded only
+    /// when the slot's run had completed, and outlives that run when `prune` removed it.
+    pub done_slot: Option<SystemTime>,
+    /// When the newest successful run (completed, exit 0) finished.
+    pub last_success_at: Option<SystemTime>,
+    pub last_run: Option<LastRun>,
+    pub holder: Option<Holder>,
+}
+
+/// One problem of a target: what, since when (database clock), and the facts behind it.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub kind: Kind,
+    pub since: SystemTime,
+    pub detail: Value,
+    /// One human line, without the target and the kind.
+    pub text: String,
+}
+
+/// A watched target's problems, most urgent first, and a schedule it could not read.
+#[derive(Debug, Clone)]
+pub struct Assessment {
+    pub target: String,
+    pub problems: Vec<Problem>,
+    pub schedule_error: Option<String>,
+}
+
+impl Assessment {
+    /// The health word: `ok`, or the label of the first problem.
+    pub fn health(&self) -> &'static str {
+        self.problems.first().map_or("ok", |p| p.kind.label())
+    }
+}
+
+/// Judges one watched target.
+pub fn assess(w: &Watch) -> Assessment {
+    let grace = w.grace_ms.map(millis);
+    let mut problems = Vec::new();
+    let mut schedule_error = None;
+
+    if let (Some(max_ms), Some(h)) = (w.max_duration_ms, &w.holder) {
+        let max = millis(max_ms);
+        if let Some(limit) = e_plus(h.acquired_at, max).filter(|l| *l < w.now) {
+            let who = match (&h.host, h.pid) {
+                (Some(host), Some(pid)) => format!("{host} pid {pid}"),
+                (Some(host), None) => host.clone(),
+                _ => "an unknown holder".into(),
+            };
+            problems.push(Problem {
+                kind: Kind::TooLong,
+                since: limit,
+                detail: json!({
+                    "fence": h.fence,
+                    "holder_host": h.host,
+                    "holder_pid": h.pid,
+                    "acquired_at": rfc3339(h.acquired_at),
+                    "max_duration_ms": max_ms,
+                }),
+                text: format!(
+                    "held by {who} (fence {}) since {}, longer than the expected {}",
+                    h.fence,
+                    rfc3339(h.acquired_at),
+                    crate::fmt::duration(max)
+                ),
+            });
+        }
+    }
+
+    if let Some(expr) = &w.schedule {
+        match Schedule::parse(expr, w.schedule_tz.as_deref()) {
+            Err(e) => schedule_error = Some(e),
+            Ok(schedule) => {
+                if let Some(p) = missed(w, expr, &schedule, grace) {
+                    problems.push(p);
+                }
+            }
+        }
+    }
+
+    if let Some(every_ms) = w.every_ms {
+        let every = millis(every_ms);
+        let g = grace.unwrap_or_else(|| default_grace(every));
+        let reference = w.last_success_at.unwrap_or(w.updated_at);
+        if let Some(due) = e_plus(reference, every)
+            .and_then(|t| e_plus(t, g))
+            .filter(|d| *d < w.now)
+        {
+            let last = w
+                .last_success_at
+                .map_or("no successful run yet".into(), |t| {
+                    format!("last successful run finished {}", rfc3339(t))
+                });
+            problems.push(Problem {
+                kind: Kind::Overdue,
+                since: due,
+                detail: json!({
+                    "every_ms": every_ms,
+                    "grace_ms": ms(g),
+                    "last_success_at": w.last_success_at.map(rfc3339),
+                }),
+                text: format!(
+                    "{last}; expected every {} (grace {})",
+                    crate::fmt::duration(every),
+                    crate::fmt::duration(g)
+                ),
+            });
+        }
+    }
+
+    if let Some(run) = w.last_run.as_ref().filter(|r| r.failed()) {
+        problems.push(Problem {
+            kind: Kind::Failing,
+            since: run.finished_at,
+            detail: json!({
+                "run_id": run.id.to_string(),
+                "outcome": run.outcome,
+                "exit_code": run.exit_code,
+                "signal": run.signal,
+                "finished_at": rfc3339(run.finished_at),
+            }),
+            text: format!("the last run {}: {}, {}", run.id, run.outcome, run.status()),
+        });
+    }
+
+    problems.sort_by_key(|p| p.kind);
+    Assessment {
+        target: w.target.clone(),
+        problems,
+        schedule_error,
+    }
+}
+
+/// The latest slot that is over, if nothing completed in it or after it — and if the target
+/// was already watched then: a slot that ended before the schedule was stored (or before the
+/// first run in a slot) cannot have been missed.
+fn missed(w: &Watch, expr: &str, schedule: &Schedule, grace: Option<Duration>) -> Option<Problem> {
+    let (start, end, g) = schedule.due_slot(w.now, grace)?;
+    let watched_from = w.first_slot.map_or(w.updated_at, |f| f.min(w.updated_at));
+    if end <= watched_from || w.done_slot.is_some_and(|d| d >= start) {
+        return None;
+    }
+    let zone = w.schedule_tz.as_deref().unwrap_or("UTC");
+    Some(Problem {
+        kind: Kind::Missed,
+        since: e_plus(end, g)?,
+        detail: json!({
+            "slot": rfc3339(start),
+            "slot_end": rfc3339(end),
+            "schedule": expr,
+            "schedule_tz": w.schedule_tz,
+            "grace_ms": ms(g),
+            "last_done_slot": w.done_slot.map(rfc3339),
+        }),
+        text: format!(
+            "no completed run in the slot {} to {} (schedule '{expr}' {zone}, grace {})",
+            rfc3339(start),
+            rfc3339(end),
+            crate::fmt::duration(g)
+        ),
+    })
+}
+
+/// What one [`reconcile`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reconciled {
+    pub opened: usize,
+    pub recovered: usize,
+}
+
+/// Brings the open incidents in line with the targets' health, on the database clock, in one
+/// transaction: opens each new incident with its `leasectl.target.<kind>` event and closes each
+/// incident whose condition is gone (or whose target is no longer watched) with a
+/// `leasectl.target.recovered` event. Several relays may call it at once: each incident's row
+/// is claimed by the very statement that inserts its event, and one transaction-level advisory
+/// lock lets one relay evaluate at a time (the others skip the round: `None`).
+pub async fn reconcile(
+    client: &tokio_postgres::Client,
+    schema: &crate::db::Schema,
+) -> anyhow::Result<Option<Reconciled>> {
+    client.batch_execute("BEGIN").await?;
+    let result = reconcile_in_transaction(client, schema).await;
+    match result {
+        Ok(done) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(done)
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+async fn reconcile_in_transaction(
+    client: &tokio_postgres::Client,
+    schema: &crate::db::Schema,
+) -> anyhow::Result<Option<Reconciled>> {
+    use crate::store::health as store;
+    if !store::try_lock_evaluation(client, schema).await? {
+        return Ok(None);
+    }
+    let open: std::collections::HashSet<(String, Kind)> = store::open_incidents(client, schema)
+        .await?
+        .into_iter()
+        .collect();
+    let mut active = std::collections::HashSet::new();
+    let mut done = Reconciled::default();
+    for watch in store::watched(client, schema, None).await? {
+        let assessment = assess(&watch);
+        for p in assessment.problems {
+            let key = (watch.target.clone(), p.kind);
+            if !open.contains(&key) {
+                let payload = json!({
+                    "target": watch.target,
+                    "kind": p.kind.as_str(),
+                    "since": rfc3339(p.since),
+                    "detail": p.detail,
+                });
+                if store::open_incident(
+                    client,
+                    schema,
+                    &watch.target,
+                    p.kind,
+                    p.since,
+                    &p.detail,
+                    &payload,
+                )
+                .await?
+                {
+                    done.opened += 1;
+                    crate::info!("{}: {} ({})", watch.target, p.kind.label(), p.text);
+                }
+            }
+            active.insert(key);
+        }
+    }
+    for (target, kind) in open.difference(&active) {
+        if store::close_incident(client, schema, target, *kind).await? {
+            done.recovered += 1;
+            crate::info!("{target}: recovered from {}", kind.label());
+        }
+    }
+    Ok(Some(done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> SystemTime {
+        humantime::parse_rfc3339(s).unwrap()
+    }
+
+    fn watch(now: &str) -> Watch {
+        Watch {
+            target: "nightly".into(),
+            now: t(now),
+            schedule: None,
+            schedule_tz: None,
+            every_ms: None,
+            grace_ms: None,
+            max_duration_ms: None,
+            updated_at: t("2026-01-01T00:00:00Z"),
+            first_slot: None,
+            done_slot: None,
+            last_success_at: None,
+            last_run: None,
+            holder: None,
+        }
+    }
+
+    #[test]
+    fn schedules_accept_five_fields_and_nicknames_only() {
+        assert!(Schedule::parse("0 2 * * *", None).is_ok());
+        assert!(Schedule::parse("@hourly", None).is_ok());
+        assert!(Schedule::parse("@daily", Some("Europe/Berlin")).is_ok());
+        assert!(Schedule::parse("0 0 2 * * *", None).is_err());
+        assert!(Schedule::parse("nonsense", None).is_err());
+        assert!(Schedule::parse("0 2 * * *", Some("Mars/Olympus")).is_err());
+    }
+
+    #[test]
+    fn the_due_slot_is_the_latest_one_over_plus_its_grace() {
+        let daily = Schedule::parse("0 2 * * *", None).unwrap();
+        // 2026-03-10 02:30: yesterday's slot ends at 02:00 today, grace 1h: not over yet.
+        let (s, e, g) = daily.due_slot(t("2026-03-10T02:30:00Z"), None).unwrap();
+        assert_eq!(
+            (s, e),
+            (t("2026-03-08T02:00:00Z"), t("2026-03-09T02:00:00Z"))
+        );
+        assert_eq!(g, MAX_DEFAULT_GRACE);
+        let (s, _, _) = daily.due_slot(t("2026-03-10T03:00:00Z"), None).unwrap();
+        assert_eq!(s, t("2026-03-09T02:00:00Z"));
+        // Minutely: grace 6s.
+        let minutely = Schedule::parse("* * * * *", None).unwrap();
+        let (s, e, g) = minutely.due_slot(t("2026-03-10T12:00:05Z"), None).unwrap();
+        assert_eq!(
+            (s, e),
+            (t("2026-03-10T11:58:00Z"), t("2026-03-10T11:59:00Z"))
+        );
+        assert_eq!(g, Duration::from_secs(6));
+        let (s, _, _) = minutely.due_slot(t("2026-03-10T12:00:06Z"), None).unwrap();
+        assert_eq!(s, t("2026-03-10T11:59:00Z"));
+        // An explicit grace.
+        let (s, _, g) = minutely
+            .due_slot(t("2026-03-10T12:00:00Z"), Some(Duration::from_secs(150)))
+            .unwrap();
+        assert_eq!(s, t("2026-03-10T11:56:00Z"));
+        assert_eq!(g, Duration::from_secs(150));
+    }
+
+    #[test]
+    fn a_zone_moves_the_slots() {
+        let berlin = Schedule::parse("0 2 * * *", Some("Europe/Berlin")).unwrap();
+        assert_eq!(
+            berlin.at_or_before(t("2026-01-10T12:00:00Z")),
+            Some(t("2026-01-10T01:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn missed_needs_a_done_run_in_or_after_the_due_slot() {
+        let mut w = watch("2026-03-10T12:00:30Z");
+        w.schedule = Some("* * * * *".into());
+        let a = assess(&w);
+        assert_eq!(a.health(), "missed");
+        assert_eq!(a.problems[0].since, t("2026-03-10T12:00:06Z"));
+        w.done_slot = Some(t("2026-03-10T11:59:00Z"));
+        assert_eq!(assess(&w).health(), "ok");
+        w.done_slot = Some(t("2026-03-10T12:00:00Z"));
+        assert_eq!(assess(&w).health(), "ok", "a later slot done counts");
+        w.done_slot = Some(t("2026-03-10T11:58:00Z"));
+        assert_eq!(assess(&w).health(), "missed");
+        // Not yet watched when the slot ended.
+        w.updated_at = t("2026-03-10T12:00:00Z");
+        assert_eq!(assess(&w).health(), "ok");
+    }
+
+    #[test]
+    fn overdue_counts_from_the_last_success_plus_grace() {
+        let mut w = watch("2026-03-10T12:00:00Z");
+        w.every_ms = Some(3_600_000);
+        w.last_success_at = Some(t("2026-03-10T10:54:00Z"));
+        assert_eq!(assess(&w).health(), "ok", "due at 12:00, not past it");
+        w.last_success_at = Some(t("2026-03-10T10:53:59Z"));
+        assert_eq!(assess(&w).health(), "overdue");
+        w.grace_ms = Some(0);
+        w.last_success_at = Some(t("2026-03-10T10:59:59Z"));
+        assert_eq!(assess(&w).health(), "overdue");
+    }
+
+    #[test]
+    fn failing_and_too_long_and_their_order() {
+        let mut w = watch("2026-03-10T12:00:00Z");
+        w.max_duration_ms = Some(60_000);
+        w.last_run = Some(LastRun {
+            id: Uuid::nil(),
+            outcome: "completed".into(),
+            exit_code: Some(3),
+            signal: None,
+            finished_at: t("2026-03-10T11:00:00Z"),
+        });
+        assert_eq!(assess(&w).health(), "failing");
+        w.holder = Some(Holder {
+            host: Some("web-1".into()),
+            pid: Some(7),
+            fence: 4,
+            acquired_at: t("2026-03-10T11:58:00Z"),
+        });
+        let a = assess(&w);
+        assert_eq!(a.health(), "too long");
+        assert_eq!(a.problems.len(), 2);
+        assert_eq!(a.problems[0].since, t("2026-03-10T11:59:00Z"));
+        w.last_run.as_mut().unwrap().exit_code = Some(0);
+        w.holder.as_mut().unwrap().acquired_at = t("2026-03-10T11:59:30Z");
+        assert_eq!(assess(&w).health(), "ok");
+    }
+
+    #[test]
+    fn absurd_stored_values_never_panic() {
+        let mut w = watch("2026-03-10T12:00:00Z");
+        w.every_ms = Some(i64::MAX);
+        w.grace_ms = Some(i64::MAX);
+        w.max_duration_ms = Some(i64::MAX);
+        w.schedule = Some("0 0 29 2 *".into());
+        w.holder = Some(Holder {
+            host: None,
+            pid: None,
+            fence: 1,
+            acquired_at: t("2026-03-10T11:00:00Z"),
+        });
+        assert_eq!(assess(&w).health(), "ok");
+    }
+}
