@@ -289,7 +289,7 @@ pub async fn settle(
 /// table — a warning the relay would never see.
 pub async fn vacuum(client: &Client, schema: &Schema) -> Result<bool, tokio_postgres::Error> {
     let may = client
-        .query_one(
+        .query_typed_one(
             &sql(
                 schema,
                 "SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
