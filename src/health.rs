@@ -16,10 +16,8 @@
 //!
 //! The SQL that gathers the facts is in [`crate::store::health`].
 
-use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -73,52 +71,10 @@ impl Kind {
 /// The event type announcing that an incident ended.
 pub const RECOVERED: &str = "leasectl.target.recovered";
 
-/// A cron schedule in a time zone: a 5-field expression or `@hourly`, `@daily`, `@weekly`,
-/// `@monthly` (`@yearly`/`@annually` too), parsed by `croner`, in UTC unless a zone is given.
-#[derive(Debug, Clone)]
-pub struct Schedule {
-    cron: croner::Cron,
-    tz: chrono_tz::Tz,
-}
+/// The schedules of `run --slot` (a stored schedule is one `--slot` accepted).
+pub use crate::run::slot::Schedule;
 
 impl Schedule {
-    pub fn parse(expr: &str, tz: Option<&str>) -> Result<Schedule, String> {
-        let parser = croner::parser::CronParser::builder()
-            .seconds(croner::parser::Seconds::Disallowed)
-            .year(croner::parser::Year::Disallowed)
-            .build();
-        let cron = parser
-            .parse(expr)
-            .map_err(|e| format!("'{expr}' is not a 5-field cron schedule ({e})"))?;
-        let tz = match tz {
-            None => chrono_tz::UTC,
-            Some(name) => chrono_tz::Tz::from_str(name)
-                .map_err(|_| format!("'{name}' is not an IANA time zone name"))?,
-        };
-        Ok(Schedule { cron, tz })
-    }
-
-    /// The latest scheduled instant at or before `at`.
-    pub fn at_or_before(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
-        let found = self.cron.find_previous_occurrence(&t, true).ok()?;
-        Some(found.with_timezone(&Utc).into())
-    }
-
-    /// The first scheduled instant after `at`.
-    pub fn after(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
-        let found = self.cron.find_next_occurrence(&t, false).ok()?;
-        Some(found.with_timezone(&Utc).into())
-    }
-
-    /// The first scheduled instant before `at`.
-    fn before(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
-        let found = self.cron.find_previous_occurrence(&t, false).ok()?;
-        Some(found.with_timezone(&Utc).into())
-    }
-
     /// The latest slot that is over at `now`: the slot `[start, end)` with the latest end such
     /// that `end + grace(start, end) <= now`, and that grace.
     pub fn due_slot(
@@ -143,23 +99,6 @@ impl Schedule {
         }
         Some((slot.0, slot.1, grace_of(slot.0, slot.1)))
     }
-}
-
-/// `at` as a chrono instant; `None` outside chrono's range (a grace of centuries read from the
-/// database), where chrono's own `From` would panic.
-fn chrono_time(at: SystemTime) -> Option<DateTime<Utc>> {
-    let (secs, nanos) = match at.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => (i64::try_from(d.as_secs()).ok()?, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            let secs = -i64::try_from(d.as_secs()).ok()?;
-            match d.subsec_nanos() {
-                0 => (secs, 0),
-                n => (secs.checked_sub(1)?, 1_000_000_000 - n),
-            }
-        }
-    };
-    DateTime::from_timestamp(secs, nanos)
 }
 
 /// A tenth of `interval`, at most [`MAX_DEFAULT_GRACE`].
@@ -297,7 +236,7 @@ pub fn assess(w: &Watch) -> Assessment {
     }
 
     if let Some(expr) = &w.schedule {
-        match Schedule::parse(expr, w.schedule_tz.as_deref()) {
+        match Schedule::new(expr, w.schedule_tz.as_deref()) {
             Err(e) => schedule_error = Some(e),
             Ok(schedule) => {
                 if let Some(p) = missed(w, expr, &schedule, grace) {
@@ -501,17 +440,17 @@ mod tests {
 
     #[test]
     fn schedules_accept_five_fields_and_nicknames_only() {
-        assert!(Schedule::parse("0 2 * * *", None).is_ok());
-        assert!(Schedule::parse("@hourly", None).is_ok());
-        assert!(Schedule::parse("@daily", Some("Europe/Berlin")).is_ok());
-        assert!(Schedule::parse("0 0 2 * * *", None).is_err());
-        assert!(Schedule::parse("nonsense", None).is_err());
-        assert!(Schedule::parse("0 2 * * *", Some("Mars/Olympus")).is_err());
+        assert!(Schedule::new("0 2 * * *", None).is_ok());
+        assert!(Schedule::new("@hourly", None).is_ok());
+        assert!(Schedule::new("@daily", Some("Europe/Berlin")).is_ok());
+        assert!(Schedule::new("0 0 2 * * *", None).is_err());
+        assert!(Schedule::new("nonsense", None).is_err());
+        assert!(Schedule::new("0 2 * * *", Some("Mars/Olympus")).is_err());
     }
 
     #[test]
     fn the_due_slot_is_the_latest_one_over_plus_its_grace() {
-        let daily = Schedule::parse("0 2 * * *", None).unwrap();
+        let daily = Schedule::new("0 2 * * *", None).unwrap();
         // 2026-03-10 02:30: yesterday's slot ends at 02:00 today, grace 1h: not over yet.
         let (s, e, g) = daily.due_slot(t("2026-03-10T02:30:00Z"), None).unwrap();
         assert_eq!(
@@ -522,7 +461,7 @@ mod tests {
         let (s, _, _) = daily.due_slot(t("2026-03-10T03:00:00Z"), None).unwrap();
         assert_eq!(s, t("2026-03-09T02:00:00Z"));
         // Minutely: grace 6s.
-        let minutely = Schedule::parse("* * * * *", None).unwrap();
+        let minutely = Schedule::new("* * * * *", None).unwrap();
         let (s, e, g) = minutely.due_slot(t("2026-03-10T12:00:05Z"), None).unwrap();
         assert_eq!(
             (s, e),
@@ -541,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_zone_moves_the_slots() {
-        let berlin = Schedule::parse("0 2 * * *", Some("Europe/Berlin")).unwrap();
+        let berlin = Schedule::new("0 2 * * *", Some("Europe/Berlin")).unwrap();
         assert_eq!(
             berlin.at_or_before(t("2026-01-10T12:00:00Z")),
             Some(t("2026-01-10T01:00:00Z"))

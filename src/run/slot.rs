@@ -117,6 +117,24 @@ impl Schedule {
         })
     }
 
+    /// The latest scheduled instant at or before `at` (for the dead-man switch, `health`).
+    pub fn at_or_before(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        to_system(&self.cron.find_previous_occurrence(&t, true).ok()?)
+    }
+
+    /// The first scheduled instant after `at`.
+    pub fn after(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        to_system(&self.cron.find_next_occurrence(&t, false).ok()?)
+    }
+
+    /// The last scheduled instant before `at`.
+    pub fn before(&self, at: SystemTime) -> Option<SystemTime> {
+        let t = chrono_time(at)?.with_timezone(&self.tz);
+        to_system(&self.cron.find_previous_occurrence(&t, false).ok()?)
+    }
+
     /// The shortest time between two consecutive scheduled instants, over the first
     /// [`INTERVAL_SAMPLES`] instants from a fixed reference (so every host computes the same
     /// value, whatever its clock says).
@@ -177,6 +195,23 @@ fn reference() -> chrono::NaiveDateTime {
     DateTime::from_timestamp(946_684_800, 0)
         .unwrap_or_default()
         .naive_utc()
+}
+
+/// `at` as a chrono instant; `None` outside chrono's range (a grace of centuries read from the
+/// database), where chrono's own `From` would panic.
+fn chrono_time(at: SystemTime) -> Option<DateTime<Utc>> {
+    let (secs, nanos) = match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => (i64::try_from(d.as_secs()).ok()?, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            let secs = -i64::try_from(d.as_secs()).ok()?;
+            match d.subsec_nanos() {
+                0 => (secs, 0),
+                n => (secs.checked_sub(1)?, 1_000_000_000 - n),
+            }
+        }
+    };
+    DateTime::from_timestamp(secs, nanos)
 }
 
 fn to_system<Z: TimeZone>(t: &DateTime<Z>) -> Option<SystemTime> {
