@@ -63,6 +63,9 @@ fn lost_record_deadline(ttl: Duration) -> Duration {
 struct Me {
     host: String,
     pid: i32,
+    /// The lease token of every acquisition attempt this process makes (see
+    /// [`leases::acquire`]).
+    token: Uuid,
 }
 
 pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
@@ -77,6 +80,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_else(|_| "unknown".into()),
         pid: std::process::id() as i32,
+        token: Uuid::new_v4(),
     };
 
     if let Some(within) = cfg.reuse_within {

@@ -182,6 +182,7 @@ impl Waiter {
             &db.client,
             &db.schema,
             &cfg.target,
+            me.token,
             cfg.ttl,
             &me.host,
             me.pid,

@@ -83,15 +83,19 @@ pub enum Acquired {
 ///
 /// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
 /// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
+///
+/// `token` is the caller's for all its attempts: an attempt the caller gave up on (its
+/// statement stalled past the client's deadline) may still commit, and the lease it took is
+/// then the caller's own to take again at once — not a ghost the caller waits out for a TTL.
 pub async fn acquire(
     client: &Client,
     schema: &Schema,
     target: &str,
+    token: Uuid,
     ttl: Duration,
     host: &str,
     pid: i32,
 ) -> Result<Acquired> {
-    let token = Uuid::new_v4();
     let sql = sql(
         schema,
         "INSERT INTO {s}.leases AS l
@@ -101,7 +105,7 @@ pub async fn acquire(
             SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
                 heartbeat_at = now(), acquired_at = now(),
                 holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
-          WHERE l.token IS NULL OR {expired}
+          WHERE l.token IS NULL OR {expired} OR l.token = excluded.token
          RETURNING fence, now() AS granted_at",
     );
     let params: [(&(dyn ToSql + Sync), Type); 5] = [

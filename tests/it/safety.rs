@@ -688,3 +688,36 @@ fn pgrep_for_the_run_finds_leasectl_not_its_watchdog() {
     env.open_gate();
     assert_eq!(code(&finish(holder)), 0);
 }
+
+#[test]
+fn an_acquire_given_up_on_that_commits_later_is_the_waiters_own_lease_not_a_ghost() {
+    // The acquiring statement stalls past the client's 10 s statement deadline: the waiter gives
+    // up on it and tries again, but the stalled statement still commits and takes the lease.
+    // With a fresh token per attempt that lease was a ghost nobody held, and the waiter waited
+    // out its TTL (5 minutes here); with one token for all attempts it is the waiter's own.
+    let env = Env::new();
+    stall_next_acquire(&env, "ghost", 11.0);
+    let o = env
+        .command()
+        .args([
+            "run",
+            "--target",
+            "ghost",
+            "--ttl",
+            "5m",
+            "--wait=40s",
+            "--",
+            "echo",
+            "ran",
+        ])
+        .output_within(Duration::from_secs(90));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "ran\n");
+    assert!(
+        stderr(&o).contains("did not answer in time") || stderr(&o).contains("reconnecting"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(env.held_leases(), "0");
+    cancel_stalls(&env);
+}
