@@ -268,3 +268,216 @@ fn pids_with_env(var: &str) -> Vec<i32> {
         })
         .collect()
 }
+
+// ---- The other examples: every file parsed, every leasectl line run -------------------------
+
+/// Every file under examples/, relative, sorted.
+fn example_files() -> Vec<String> {
+    fn walk(dir: &std::path::Path, base: &std::path::Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, base, out);
+            } else {
+                out.push(p.strip_prefix(base).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&examples_dir(), &examples_dir(), &mut out);
+    out.sort();
+    out
+}
+
+fn read_example(name: &str) -> String {
+    std::fs::read_to_string(examples_dir().join(name)).unwrap()
+}
+
+fn yaml(name: &str) -> serde_norway::Value {
+    serde_norway::from_str(&read_example(name))
+        .unwrap_or_else(|e| panic!("examples/{name} is not YAML: {e}"))
+}
+
+/// The `leasectl run …` command in a line of shell, split as the shell would (a trailing `)`
+/// of `$(…)` dropped).
+fn leasectl_line(line: &str) -> Option<Vec<String>> {
+    let at = line.find("leasectl run ")?;
+    let rest = line[at..].trim_end().trim_end_matches(')');
+    Some(shlex::split(rest).unwrap_or_else(|| panic!("unbalanced quotes: {line}")))
+}
+
+/// Every string in a YAML document, depth first.
+fn yaml_strings(v: &serde_norway::Value, out: &mut Vec<String>) {
+    use serde_norway::Value;
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Sequence(s) => s.iter().for_each(|v| yaml_strings(v, out)),
+        Value::Mapping(m) => m.values().for_each(|v| yaml_strings(v, out)),
+        Value::Tagged(t) => yaml_strings(&t.value, out),
+        _ => {}
+    }
+}
+
+/// A systemd unit's `Key=value` lines, comments and sections dropped.
+fn unit_settings(name: &str) -> Vec<(String, String)> {
+    read_example(name)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn seconds(d: &str) -> u64 {
+    let d = d.trim();
+    match d.strip_suffix('s') {
+        Some(n) => n.parse().unwrap(),
+        None => d.strip_suffix("min").map_or_else(
+            || panic!("a duration in s or min: {d:?}"),
+            |m| m.parse::<u64>().unwrap() * 60,
+        ),
+    }
+}
+
+/// The value after `flag` in an argv (`--flag value` or `--flag=value`).
+fn flag(argv: &[String], name: &str) -> Option<String> {
+    let prefix = format!("{name}=");
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if a == name {
+            argv.get(i + 1).cloned()
+        } else {
+            a.strip_prefix(&prefix).map(str::to_owned)
+        }
+    })
+}
+
+/// Every `leasectl run` command line of every example, by file, after the file's own checks.
+fn example_command_lines() -> Vec<(String, Vec<String>)> {
+    let mut lines = Vec::new();
+    for name in example_files() {
+        let found: Vec<Vec<String>> = match name.as_str() {
+            "crontab" => {
+                let mut found = Vec::new();
+                for l in read_example(&name).lines().map(str::trim) {
+                    if l.is_empty() || l.starts_with('#') {
+                        continue;
+                    }
+                    if l.split_once('=')
+                        .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+                    {
+                        continue;
+                    }
+                    let fields: Vec<&str> = l.split_whitespace().collect();
+                    let argv = leasectl_line(l).unwrap_or_else(|| panic!("not leasectl: {l}"));
+                    // Both hosts' slots are the cron schedule itself.
+                    assert_eq!(
+                        flag(&argv, "--slot").as_deref(),
+                        Some(fields[..5].join(" ").as_str()),
+                        "{l}"
+                    );
+                    found.push(argv);
+                }
+                found
+            }
+            "systemd/nightly.service" => {
+                let s = unit_settings(&name);
+                let get = |k: &str| {
+                    s.iter()
+                        .find(|(key, _)| key == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_else(|| panic!("{name}: no {k}="))
+                };
+                let argv = leasectl_line(&get("ExecStart")).unwrap();
+                assert!(["mixed", "control-group"].contains(&get("KillMode").as_str()));
+                // The stop rule: SIGTERM, SIGKILL after --kill-after, then the save (a 10s
+                // statement deadline) must all fit before systemd's own SIGKILL.
+                let kill_after = seconds(&flag(&argv, "--kill-after").unwrap());
+                assert!(seconds(&get("TimeoutStopSec")) > kill_after + 10);
+                vec![argv]
+            }
+            "systemd/nightly.timer" => {
+                let s = unit_settings(&name);
+                assert!(s.iter().any(|(k, _)| k == "OnCalendar"), "{name}");
+                let text = read_example(&name);
+                assert!(text.contains("[Timer]") && text.contains("[Install]"));
+                vec![]
+            }
+            "kubernetes-cronjob.yaml" => {
+                let doc = yaml(&name);
+                assert_eq!(doc["kind"].as_str(), Some("CronJob"));
+                assert_eq!(doc["spec"]["concurrencyPolicy"].as_str(), Some("Allow"));
+                let pod = &doc["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+                let command: Vec<String> = pod["containers"][0]["command"]
+                    .as_sequence()
+                    .expect("a container command")
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_owned())
+                    .collect();
+                let kill_after = seconds(&flag(&command, "--kill-after").unwrap());
+                assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > kill_after + 10);
+                assert_eq!(
+                    flag(&command, "--slot").as_deref(),
+                    doc["spec"]["schedule"].as_str()
+                );
+                vec![command]
+            }
+            "github-actions.yml" | "gitlab-ci.yml" => {
+                let doc = yaml(&name);
+                let mut strings = Vec::new();
+                yaml_strings(&doc, &mut strings);
+                strings
+                    .iter()
+                    .flat_map(|s| s.lines())
+                    .filter_map(leasectl_line)
+                    .inspect(|argv| assert!(flag(argv, "--wait").is_some(), "{argv:?}"))
+                    .collect()
+            }
+            "oauth/refresh-token" => read_example(&name)
+                .lines()
+                .filter_map(leasectl_line)
+                .collect(),
+            // Run by the OAuth tests above.
+            "oauth/provider.py" => vec![],
+            other => panic!("examples/{other} is not exercised by tests/it/examples.rs"),
+        };
+        let wanted = usize::from(!matches!(
+            name.as_str(),
+            "systemd/nightly.timer" | "oauth/provider.py"
+        ));
+        assert!(found.len() >= wanted, "no leasectl line in examples/{name}");
+        lines.extend(found.into_iter().map(|argv| (name.clone(), argv)));
+    }
+    lines
+}
+
+/// Every leasectl line of the examples runs as written, with `true` for the job, against the
+/// test schema: the flags exist, their values parse and combine.
+#[test]
+fn every_leasectl_line_in_the_examples_runs_with_a_harmless_command() {
+    let lines = example_command_lines();
+    assert!(lines.len() >= 8, "{lines:?}");
+    for (file, argv) in lines {
+        assert_eq!(
+            argv[0].rsplit('/').next(),
+            Some("leasectl"),
+            "{file}: {argv:?}"
+        );
+        let dashdash = argv
+            .iter()
+            .position(|a| a == "--")
+            .unwrap_or_else(|| panic!("{file}: no `--` before the command: {argv:?}"));
+        let env = Env::new();
+        let out = env
+            .command()
+            .args(&argv[1..dashdash])
+            .args(["--", "true"])
+            .output_in_time();
+        assert_eq!(code(&out), 0, "examples/{file}: {argv:?}: {}", stderr(&out));
+        assert_eq!(
+            env.scalar("SELECT count(*) FROM runs WHERE outcome = 'completed'"),
+            "1",
+            "examples/{file}: {argv:?}"
+        );
+    }
+}
