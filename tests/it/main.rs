@@ -15,6 +15,7 @@ mod cli;
 mod completions;
 mod connect;
 mod events;
+mod examples;
 mod faults;
 mod harness;
 mod health;
