@@ -13,8 +13,11 @@ use std::fmt;
 pub enum Failure {
     /// Bad flag, duration, target or schema name (exit 2).
     Usage(String),
-    /// The database could not be reached or refused the connection (exit 69).
+    /// The database could not be reached, or could not take the connection now (exit 69).
     Unavailable(String),
+    /// The server refused *us*: authentication, an unknown role or database (exit 69 too, but
+    /// waiting will not help).
+    Refused(String),
     /// The database schema was written by a newer leasectl, or a migration applied to it differs
     /// from this binary's (exit 78).
     SchemaTooNew(String),
@@ -28,6 +31,7 @@ impl fmt::Display for Failure {
         match self {
             Failure::Usage(m)
             | Failure::Unavailable(m)
+            | Failure::Refused(m)
             | Failure::SchemaTooNew(m)
             | Failure::Permission(m) => f.write_str(m),
         }

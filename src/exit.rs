@@ -84,7 +84,7 @@ impl Exit {
             if let Some(f) = cause.downcast_ref::<Failure>() {
                 return match f {
                     Failure::Usage(_) => Exit::Usage,
-                    Failure::Unavailable(_) => Exit::Unavailable,
+                    Failure::Unavailable(_) | Failure::Refused(_) => Exit::Unavailable,
                     Failure::SchemaTooNew(_) => Exit::SchemaTooNew,
                     Failure::Permission(_) => Exit::NoPermission,
                 };

@@ -348,7 +348,7 @@ pub(super) async fn open(
         let stop = attempt.ends_search();
         tried.push((target, attempt));
         if stop {
-            break;
+            return Err(Failure::Refused(settings.failure(&tried)).into());
         }
     }
     Err(Failure::Unavailable(settings.failure(&tried)).into())

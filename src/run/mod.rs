@@ -71,8 +71,9 @@ struct Me {
 pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     let cfg = RunConfig::new(args)?;
     let mut signals = Signals::install()?;
+    let started = Instant::now();
     let mut db = tokio::select! {
-        db = crate::cmd::connect(db_args) => db?,
+        db = connect(db_args, &cfg, started) => db?,
         sig = signals.recv() => return Ok(Exit::from_signal(sig)),
     };
     let me = Me {
@@ -95,9 +96,9 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         }
     }
 
-    // `--wait=DUR` counts from here, across every attempt.
+    // `--wait=DUR` counts from the start, across connecting and every attempt.
     let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(deadline(Instant::now(), d)),
+        Some(Wait::Upto(d)) => Some(deadline(started, d)),
         _ => None,
     };
     loop {
@@ -139,6 +140,48 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             }
         }
     }
+}
+
+/// Connects (and checks the schema). A waiter (`--wait`) also waits out a database it cannot
+/// reach yet — down, restarting, or out of connections (`too many clients`, when many callers
+/// wait at once) — retrying with backoff within its `--wait` limit, as it does once connected.
+async fn connect(db_args: &DbArgs, cfg: &RunConfig, started: Instant) -> Result<Db> {
+    let give_up_at = match cfg.wait {
+        None => return crate::cmd::connect(db_args).await,
+        Some(Wait::Upto(d)) => Some(deadline(started, d)),
+        Some(Wait::Forever) => None,
+    };
+    let mut backoff = Duration::from_millis(200);
+    let mut warned = false;
+    loop {
+        let e = match crate::cmd::connect(db_args).await {
+            Ok(db) => return Ok(db),
+            // A refusal of *us* (bad password, unknown role or database) will not go away.
+            Err(e) if is_unavailable(&e) && !refused(&e) => e,
+            Err(e) => return Err(e),
+        };
+        let next = Instant::now() + backoff;
+        if give_up_at.is_some_and(|g| next >= g) {
+            return Err(e);
+        }
+        if !warned {
+            warn!(
+                "cannot reach the database yet ({e:#}); retrying while waiting for '{}'",
+                cfg.target
+            );
+            warned = true;
+        } else {
+            info!("still cannot reach the database ({e:#})");
+        }
+        sleep_until(next).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Whether the server refused us (see [`Failure::Refused`]).
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| matches!(c.downcast_ref::<Failure>(), Some(Failure::Refused(_))))
 }
 
 /// Runs `what` with a client-side deadline: past `until`, the database counts as unavailable

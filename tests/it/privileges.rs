@@ -326,3 +326,45 @@ fn print_grants_refuses_public_and_needs_no_database() {
     );
     assert!(sql.contains("VACUUM"), "the VACUUM note: {sql}");
 }
+
+#[test]
+fn a_waiter_waits_out_a_database_that_has_no_connection_for_it_yet_but_not_a_refusal() {
+    // A hundred callers waiting at once can exhaust max_connections; a role's CONNECTION LIMIT
+    // shows the same: `too many connections`. A waiter (--wait) retries within its limit.
+    let env = owned_schema();
+    let app = Role::new(&env);
+    app.grant(&env);
+    admin(&format!("ALTER ROLE \"{}\" CONNECTION LIMIT 1", app.name));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let held = rt.block_on(async {
+        leasectl::db::Settings::new(Some(&app.url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap()
+    });
+    let waiter = app
+        .command(&env)
+        .args(["run", "--target", "c", "--wait=60s", "--", "echo", "ran"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiter = Watched::new(waiter);
+    waiter.wait_for_stderr("retrying while waiting for 'c'");
+    drop(held);
+    drop(rt);
+    let o = waiter.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "ran\n");
+
+    // A refusal of the caller itself does not go away by waiting: one line, exit 69, at once.
+    let ghost = env
+        .command_at(&format!("{} user=lc_no_such_role", database_url()))
+        .args(["run", "--target", "c", "--wait=60s", "--", "true"])
+        .output_within(std::time::Duration::from_secs(20));
+    assert_one_line_error(&ghost, 69, "lc_no_such_role");
+}
