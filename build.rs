@@ -1,8 +1,10 @@
 //! Records the git commit leasectl is built from, for `leasectl --version`.
 //!
-//! Sets `LEASECTL_COMMIT` to ` (<12 hex>)`, or ` (<12 hex>, dirty)` when tracked files differ
+//! Sets `BUILT_FROM_COMMIT` to ` (<12 hex>)`, or ` (<12 hex>, dirty)` when tracked files differ
 //! from that commit, or to nothing when there is no git or no checkout (a crates.io tarball,
-//! `cargo install` from a registry): the version alone is then all there is to say.
+//! `cargo install` from a registry): the version alone is then all there is to say. Not named
+//! `LEASECTL_…`: cargo exports it to the tests too, and their commands must see only the
+//! `LEASECTL_` variables leasectl gives them.
 //! Reruns when HEAD moves (a commit, a checkout) or the index changes; an edit that is neither
 //! staged nor followed by a commit leaves "dirty" as it was at the last run, which is why the
 //! flag is only a hint.
@@ -20,7 +22,7 @@ fn main() {
         Some((hash, _)) => format!(" ({hash})"),
         None => String::new(),
     };
-    println!("cargo:rustc-env=LEASECTL_COMMIT={suffix}");
+    println!("cargo:rustc-env=BUILT_FROM_COMMIT={suffix}");
 }
 
 /// The short hash of HEAD and whether the work tree is dirty, or None outside a checkout.

@@ -33,7 +33,7 @@ $LEASECTL_EVENTS were refused; 69 database unavailable; 70 internal error; 75 bu
 
 /// `leasectl --version`: the package version and, when built from a git checkout, the commit
 /// (build.rs), so a binary found on a host can be traced to its source.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("LEASECTL_COMMIT"));
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("BUILT_FROM_COMMIT"));
 
 #[derive(Debug, Parser)]
 #[command(name = "leasectl", version = VERSION, about = ABOUT, after_help = AFTER_HELP)]
