@@ -31,8 +31,12 @@ $LEASECTL_EVENTS were refused; 69 database unavailable; 70 internal error; 75 bu
 78 schema newer than leasectl; 124 --timeout; 126/127 command not executable / not found;
 128+N leasectl received signal N.";
 
+/// `leasectl --version`: the package version and, when built from a git checkout, the commit
+/// (build.rs), so a binary found on a host can be traced to its source.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("BUILT_FROM_COMMIT"));
+
 #[derive(Debug, Parser)]
-#[command(name = "leasectl", version, about = ABOUT, after_help = AFTER_HELP)]
+#[command(name = "leasectl", version = VERSION, about = ABOUT, after_help = AFTER_HELP)]
 #[command(propagate_version = true, max_term_width = 100)]
 pub struct Cli {
     #[command(flatten)]

@@ -22,6 +22,7 @@ mod health;
 mod inspect;
 mod job_events;
 mod lease;
+mod manpages;
 mod pooler;
 mod privileges;
 mod relay;

@@ -1,0 +1,78 @@
+//! Records the git commit leasectl is built from, for `leasectl --version`.
+//!
+//! Sets `BUILT_FROM_COMMIT` to ` (<12 hex>)`, or ` (<12 hex>, dirty)` when tracked files differ
+//! from that commit, or to nothing when there is no git or no checkout (a crates.io tarball,
+//! `cargo install` from a registry): the version alone is then all there is to say. Not named
+//! `LEASECTL_…`: cargo exports it to the tests too, and their commands must see only the
+//! `LEASECTL_` variables leasectl gives them.
+//! Reruns when HEAD moves (a commit, a checkout) or the index changes; an edit that is neither
+//! staged nor followed by a commit leaves "dirty" as it was at the last run, which is why the
+//! flag is only a hint.
+
+// Cargo reads a build script's directives from its stdout; there is no pipe to break here.
+#![allow(clippy::disallowed_macros)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    let suffix = match commit() {
+        Some((hash, dirty)) if dirty => format!(" ({hash}, dirty)"),
+        Some((hash, _)) => format!(" ({hash})"),
+        None => String::new(),
+    };
+    println!("cargo:rustc-env=BUILT_FROM_COMMIT={suffix}");
+}
+
+/// The short hash of HEAD and whether the work tree is dirty, or None outside a checkout.
+fn commit() -> Option<(String, bool)> {
+    // Only this package's own checkout counts: a leasectl vendored into another repository
+    // would otherwise report that repository's commit.
+    let top = git(&["rev-parse", "--show-toplevel"])?;
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").ok()?;
+    let same = |a: &str, b: &str| {
+        let (a, b) = (
+            PathBuf::from(a).canonicalize(),
+            PathBuf::from(b).canonicalize(),
+        );
+        matches!((a, b), (Ok(a), Ok(b)) if a == b)
+    };
+    if !same(&top, &manifest) {
+        return None;
+    }
+    // The files that move when HEAD does. In a worktree `.git` is a file, so ask git where
+    // they are rather than assuming `.git/HEAD`.
+    for path in ["HEAD", "index", "packed-refs"] {
+        rerun_on(&git(&["rev-parse", "--git-path", path])?);
+    }
+    if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        rerun_on(&git(&["rev-parse", "--git-path", &reference])?);
+    }
+    let hash = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some((hash, dirty))
+}
+
+fn rerun_on(path: &str) {
+    // cargo treats a missing file as always changed; only name the ones that exist.
+    if PathBuf::from(path).exists() {
+        println!("cargo:rerun-if-changed={path}");
+    }
+}
+
+/// Runs git in the package directory; its trimmed stdout, or None when git is missing or fails.
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git")
+        .args(args)
+        // No index refresh by `git status`: writing the index would retrigger this script.
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .current_dir(std::env::var_os("CARGO_MANIFEST_DIR")?)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(String::from_utf8(out.stdout).ok()?.trim().to_owned())
+}

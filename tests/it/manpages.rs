@@ -1,0 +1,320 @@
+//! `leasectl --version` names the commit, and the man pages in `man/` are generated from the
+//! clap definitions (plus the exit-code table and the environment, below) and kept identical to
+//! them: a CLI change without regenerating fails here, the way `completions/` does.
+//!
+//! The pages are rendered here rather than by the binary, so clap_mangen stays a dev-dependency
+//! and out of the shipped binary. To regenerate:
+//!   LEASECTL_UPDATE_MAN=1 cargo nextest run --test it manpages
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::CommandFactory;
+use leasectl::exit::Exit;
+use roff::{bold, roman, Roff};
+
+use crate::common::bin;
+
+const UPDATE_HINT: &str =
+    "run `LEASECTL_UPDATE_MAN=1 cargo nextest run --test it manpages` to update man/";
+
+/// The exit codes that are not leasectl's own: the command's, success, and "not found".
+const EXIT_CODES: &[(&str, &str)] = &[
+    ("N", "run: the command's own exit code, or 128+N if signal N killed it; the run is stored"),
+    ("0", "success; also a fresh stored result printed by --reuse-within, or a --slot already done"),
+    ("1", "check: a watched target is unhealthy; output: no stored run matches; outbox retry/discard: no such event; relay --once: events went dead"),
+];
+
+/// leasectl's own exit codes, from src/exit.rs's constants.
+fn typed_exit_codes() -> Vec<(u8, &'static str)> {
+    vec![
+        (Exit::USAGE, "usage error (bad flag, duration, target or schema name)"),
+        (Exit::DATA_ERROR, "the command's $LEASECTL_EVENTS held a malformed line or more than --events-limit; the run was stored without them"),
+        (Exit::UNAVAILABLE, "database unreachable, rejected the connection or stopped answering; relay --once: the sink is unreachable"),
+        (Exit::INTERNAL, "internal error (a bug); a running command's process group is killed"),
+        (Exit::BUSY, "busy: another holder has a live lease, or --wait=DUR ran out (--busy-exit-code overrides it)"),
+        (Exit::LEASE_LOST, "the lease was lost during the run: the command was stopped, the run recorded lost"),
+        (Exit::NO_PERMISSION, "permission denied: the role lacks a privilege, or may not create or upgrade the schema"),
+        (Exit::SCHEMA_TOO_NEW, "the schema is newer than this binary, or a migration differs from this binary's"),
+        (Exit::TIMED_OUT, "--timeout expired; the command was stopped and the run stored as timed out"),
+        (Exit::NOT_EXECUTABLE, "the command is not executable; the lease was released"),
+        (Exit::NOT_FOUND, "the command was not found; the lease was released"),
+    ]
+}
+
+/// What leasectl itself reads.
+const READS: &[(&str, &str)] = &[
+    ("DATABASE_URL", "PostgreSQL URL or libpq key=value string, when --database-url is not given"),
+    ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE", "as in libpq, when neither --database-url nor DATABASE_URL is set; PGHOST may list several hosts, tried in order"),
+    ("PGSSLMODE, PGSSLROOTCERT, PGSSLCERT, PGSSLKEY", "TLS settings, as in libpq"),
+    ("PGPASSFILE", "the password file (default ~/.pgpass)"),
+    ("PGSERVICE, PGSERVICEFILE, PGSYSCONFDIR", "a connection service and where pg_service.conf files are found, as in libpq"),
+    ("LEASECTL_POOLER", "auto (default) detects a transaction-mode pooler; transaction forces polling instead of LISTEN; none forces LISTEN"),
+    ("LEASECTL_STATEMENT_TIMEOUT", "the deadline for a one-shot command's database work (default 30s), e.g. 2m"),
+];
+
+/// What `run`'s command sees.
+const CHILD_SEES: &[(&str, &str)] = &[
+    ("LEASECTL_TARGET", "the target whose lease is held"),
+    ("LEASECTL_TOKEN", "this acquisition's random lease token"),
+    ("LEASECTL_FENCE", "the fencing number, higher on every acquisition of the target: a downstream system can reject writes from an older holder"),
+    ("LEASECTL_EVENTS", "the path of a fresh file (mode 0600) where the command appends its own events, one JSON object a line; stored with the run in the same transaction"),
+    ("LEASECTL_SLOT", "with --slot: the start of the slot being run (RFC 3339)"),
+    ("LEASECTL_SLOT_END", "with --slot: the next instant of the schedule (RFC 3339)"),
+];
+
+/// What the relay's `exec:` sink command sees (the event JSON is on its stdin).
+const EXEC_SEES: &[(&str, &str)] = &[
+    ("LEASECTL_EVENT_ID", "the event's id"),
+    ("LEASECTL_EVENT_TYPE", "the event type"),
+    ("LEASECTL_AGGREGATE_TYPE", "the event's aggregate type"),
+    ("LEASECTL_AGGREGATE_ID", "the event's aggregate id"),
+];
+
+fn tagged_list(roff: &mut Roff, heading: &str, intro: &str, items: &[(String, String)]) {
+    roff.control("SH", [heading]);
+    if !intro.is_empty() {
+        roff.text([roman(intro)]);
+    }
+    for (tag, text) in items {
+        roff.control("TP", []);
+        roff.text([bold(tag.as_str())]);
+        roff.text([roman(text.as_str())]);
+    }
+}
+
+fn owned(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// Every page, by file name: `leasectl.1` and one per (nested) subcommand.
+fn generate() -> BTreeMap<String, Vec<u8>> {
+    // The plain package version: the commit would change every page on every commit.
+    let mut root = leasectl::cli::Cli::command()
+        .version(env!("CARGO_PKG_VERSION"))
+        .disable_help_subcommand(true);
+    root.build();
+    let mut commands = Vec::new();
+    fn walk(cmd: &clap::Command, out: &mut Vec<clap::Command>) {
+        out.push(cmd.clone());
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            walk(sub, out);
+        }
+    }
+    walk(&root, &mut commands);
+    let names: Vec<String> = commands
+        .iter()
+        .map(|c| c.get_display_name().unwrap_or(c.get_name()).to_owned())
+        .collect();
+
+    let mut exits = owned(EXIT_CODES);
+    exits.extend(
+        typed_exit_codes()
+            .into_iter()
+            .map(|(code, text)| (code.to_string(), text.to_owned())),
+    );
+    exits.push((
+        "128+N".into(),
+        "leasectl received signal N (forwarded to the command); the run is recorded interrupted"
+            .into(),
+    ));
+
+    let mut pages = BTreeMap::new();
+    for (cmd, name) in commands.into_iter().zip(&names) {
+        let man = clap_mangen::Man::new(cmd.clone())
+            .source(format!("leasectl {}", env!("CARGO_PKG_VERSION")));
+        let mut page = Vec::new();
+        man.render_title(&mut page).unwrap();
+        man.render_name_section(&mut page).unwrap();
+        man.render_synopsis_section(&mut page).unwrap();
+        man.render_description_section(&mut page).unwrap();
+        man.render_options_section(&mut page).unwrap();
+        if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
+            man.render_subcommands_section(&mut page).unwrap();
+        }
+        if cmd.get_after_help().is_some() || cmd.get_after_long_help().is_some() {
+            let mut extra = Vec::new();
+            man.render_extra_section(&mut extra).unwrap();
+            let extra = String::from_utf8(extra)
+                .unwrap()
+                .replacen(".SH EXTRA", ".SH NOTES", 1);
+            page.extend_from_slice(extra.as_bytes());
+        }
+        let mut roff = Roff::new();
+        tagged_list(&mut roff, "EXIT STATUS", "", &exits);
+        tagged_list(
+            &mut roff,
+            "ENVIRONMENT",
+            "Connection settings are read in libpq's order: --database-url, DATABASE_URL, the PG* \
+             variables, then the local socket as the current user.",
+            &owned(READS),
+        );
+        if name == "leasectl" || name == "leasectl-run" {
+            tagged_list(
+                &mut roff,
+                "COMMAND ENVIRONMENT",
+                "The command run under the lease inherits leasectl's environment, plus:",
+                &owned(CHILD_SEES),
+            );
+        }
+        if name == "leasectl" || name == "leasectl-relay" {
+            tagged_list(
+                &mut roff,
+                "EXEC SINK ENVIRONMENT",
+                "An exec:COMMAND sink runs sh -c COMMAND with the event JSON on stdin and:",
+                &owned(EXEC_SEES),
+            );
+        }
+        roff.control("SH", ["SEE ALSO"]);
+        let see: Vec<String> = if name == "leasectl" {
+            names[1..].iter().map(|n| format!("{n}(1)")).collect()
+        } else {
+            vec!["leasectl(1)".to_owned()]
+        };
+        roff.text([roman(see.join(", "))]);
+        page.extend_from_slice(roff.to_roff().as_bytes());
+        pages.insert(format!("{name}.1"), page);
+    }
+    pages
+}
+
+fn man_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("man")
+}
+
+fn checked_in() -> BTreeMap<String, Vec<u8>> {
+    let mut pages = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(man_dir()) else {
+        return pages;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".1") {
+            pages.insert(name, std::fs::read(entry.path()).unwrap());
+        }
+    }
+    pages
+}
+
+#[test]
+fn checked_in_man_pages_match_the_cli() {
+    let generated = generate();
+    if std::env::var_os("LEASECTL_UPDATE_MAN").is_some() {
+        std::fs::create_dir_all(man_dir()).unwrap();
+        for stale in checked_in().keys().filter(|k| !generated.contains_key(*k)) {
+            std::fs::remove_file(man_dir().join(stale)).unwrap();
+        }
+        for (name, page) in &generated {
+            std::fs::write(man_dir().join(name), page).unwrap();
+        }
+        return;
+    }
+    let existing = checked_in();
+    let names = |m: &BTreeMap<String, Vec<u8>>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(&existing),
+        names(&generated),
+        "the pages in man/ are not one per command; {UPDATE_HINT}"
+    );
+    for (name, page) in &generated {
+        assert!(
+            existing[name] == *page,
+            "man/{name} differs from the CLI ({} bytes generated, {} checked in); {UPDATE_HINT}",
+            page.len(),
+            existing[name].len()
+        );
+    }
+}
+
+#[test]
+fn man_pages_carry_exit_codes_and_environment() {
+    let pages = generate();
+    for sub in [
+        "leasectl.1",
+        "leasectl-run.1",
+        "leasectl-relay.1",
+        "leasectl-outbox-list.1",
+    ] {
+        assert!(pages.contains_key(sub), "no {sub}: {:?}", pages.keys());
+    }
+    for (name, page) in &pages {
+        let text = String::from_utf8_lossy(page);
+        for needle in [
+            "EXIT STATUS",
+            "ENVIRONMENT",
+            "DATABASE_URL",
+            "LEASECTL_POOLER",
+            "SEE ALSO",
+        ] {
+            assert!(text.contains(needle), "{name} lacks {needle}");
+        }
+        for (code, _) in typed_exit_codes() {
+            assert!(
+                text.contains(&format!("\\fB{code}\\fR")),
+                "{name} lacks exit code {code}"
+            );
+        }
+    }
+    let run = String::from_utf8_lossy(&pages["leasectl-run.1"]);
+    for (var, _) in CHILD_SEES {
+        assert!(run.contains(var), "leasectl-run.1 lacks {var}");
+    }
+}
+
+/// `man` renders every checked-in page without a warning (bad roff shows up here).
+#[test]
+fn man_pages_render_cleanly() {
+    if Command::new("man").arg("--version").output().is_err() {
+        eprintln!("no man(1) on this machine; skipping the rendering check");
+        return;
+    }
+    for name in checked_in().keys() {
+        let out = Command::new("man")
+            .args(["--warnings", "-l"])
+            .arg(man_dir().join(name))
+            .env("MANWIDTH", "100")
+            .env("MANPAGER", "cat")
+            .env("PAGER", "cat")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "man -l man/{name} failed");
+        assert!(
+            out.stderr.is_empty(),
+            "man -l man/{name} warned: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("EXIT STATUS"));
+    }
+}
+
+/// Built from this checkout, `--version` names the commit it was built from.
+#[test]
+fn version_names_the_commit() {
+    let out = Command::new(bin()).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8(out.stdout).unwrap();
+    let line = line.trim_end();
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    let Some(head) = head.ok().filter(|h| h.status.success()) else {
+        // Not a checkout (a source tarball): the version alone.
+        assert_eq!(line, concat!("leasectl ", env!("CARGO_PKG_VERSION")));
+        return;
+    };
+    let head = String::from_utf8(head.stdout).unwrap();
+    let head = head.trim();
+    assert_eq!(head.len(), 12, "{head}");
+    assert!(head.bytes().all(|b| b.is_ascii_hexdigit()), "{head}");
+    let clean = format!("leasectl {} ({head})", env!("CARGO_PKG_VERSION"));
+    let dirty = format!("leasectl {} ({head}, dirty)", env!("CARGO_PKG_VERSION"));
+    assert!(
+        line == clean || line == dirty,
+        "--version printed {line:?}, expected {clean:?} (or with \", dirty\")"
+    );
+}
