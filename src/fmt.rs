@@ -42,6 +42,11 @@ pub fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
 }
 
+/// A duration as whole milliseconds (a `bigint` parameter, a JSON number), saturating.
+pub fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Left-aligned columns, two spaces apart, widths by the widest cell in terminal columns
 /// (display width: an emoji or a CJK character takes two, a combining mark none).
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::fmt::rfc3339;
+use crate::fmt::{millis, ms, rfc3339};
 
 /// The grace a late run gets when `--grace` is not given: a tenth of the interval, at most this.
 pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(3600);
@@ -108,16 +108,6 @@ pub fn default_grace(interval: Duration) -> Duration {
 
 fn e_plus(t: SystemTime, d: Duration) -> Option<SystemTime> {
     t.checked_add(d)
-}
-
-/// Milliseconds from the database as a duration (negative clamps to zero).
-fn millis(ms: i64) -> Duration {
-    crate::fmt::millis(ms)
-}
-
-/// A duration as milliseconds for JSON, saturating.
-fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The newest run that says how the job fared (neither `skipped` nor `lost`).

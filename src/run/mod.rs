@@ -178,6 +178,37 @@ async fn connect(db_args: &DbArgs, cfg: &RunConfig, started: Instant) -> Result<
     }
 }
 
+/// A run of this caller with no output, error or events yet; `times` are its start and end on
+/// the database's clock.
+fn new_record<'a>(
+    cfg: &RunConfig,
+    me: &'a Me,
+    outcome: Outcome,
+    status: Option<ChildStatus>,
+    (started_at, finished_at): (std::time::SystemTime, std::time::SystemTime),
+    slot: Option<Slot>,
+) -> RunRecord<'a> {
+    RunRecord {
+        id: Uuid::new_v4(),
+        outcome,
+        status,
+        exit_code_override: None,
+        argv: argv(cfg),
+        host: &me.host,
+        pid: me.pid,
+        started_at,
+        finished_at,
+        stdout: &[],
+        stderr: &[],
+        stdout_truncated: false,
+        stderr_truncated: false,
+        error: None,
+        events_kept: None,
+        job_events: None,
+        slot,
+    }
+}
+
 /// Whether the server refused us (see [`Failure::Refused`]).
 fn refused(e: &anyhow::Error) -> bool {
     e.chain()
@@ -329,25 +360,7 @@ async fn check_slot(
         )));
     };
     let now = clock.at(Instant::now());
-    let skip = RunRecord {
-        id: Uuid::new_v4(),
-        outcome: Outcome::Skipped,
-        status: None,
-        exit_code_override: None,
-        argv: argv(cfg),
-        host: &me.host,
-        pid: me.pid,
-        started_at: now,
-        finished_at: now,
-        stdout: &[],
-        stderr: &[],
-        stdout_truncated: false,
-        stderr_truncated: false,
-        error: None,
-        events_kept: None,
-        job_events: None,
-        slot: Some(slot),
-    };
+    let skip = new_record(cfg, me, Outcome::Skipped, None, (now, now), Some(slot));
     let schedule = (sc.schedule.expr.as_str(), sc.schedule.zone.as_deref());
     let checked = runs::skip_if_done(
         &db.client,
@@ -440,24 +453,9 @@ async fn execute(
         echo: !cfg.quiet,
         capture_limit: cfg.capture_limit,
     };
-    let record = |outcome, status, finished: Instant| RunRecord {
-        id: Uuid::new_v4(),
-        outcome,
-        status,
-        exit_code_override: None,
-        argv: argv(cfg),
-        host: &me.host,
-        pid: me.pid,
-        started_at: clock.at(started),
-        finished_at: clock.at(finished),
-        stdout: &[],
-        stderr: &[],
-        stdout_truncated: false,
-        stderr_truncated: false,
-        error: None,
-        events_kept: None,
-        job_events: None,
-        slot,
+    let record = |outcome, status, finished: Instant| {
+        let times = (clock.at(started), clock.at(finished));
+        new_record(cfg, me, outcome, status, times, slot)
     };
     let mut child = match Child::spawn(spec) {
         Ok(c) => c,

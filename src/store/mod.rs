@@ -19,6 +19,7 @@ pub mod outbox;
 pub mod runs;
 
 use crate::db::Schema;
+use crate::fmt::ms;
 
 /// A lease whose holder's own TTL ran out on the database clock (alias `l` for `leases`).
 const EXPIRED: &str = "(l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now())";
@@ -47,9 +48,4 @@ fn sql(schema: &Schema, template: &str) -> String {
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW),
     )
-}
-
-/// Milliseconds for a `bigint` parameter, saturating.
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
