@@ -24,7 +24,8 @@ Examples:
   leasectl relay --sink amqp://guest:guest@localhost/%2f
 
 Connection: --database-url, else DATABASE_URL, else PGHOST/PGPORT/PGUSER/PGPASSWORD/PGDATABASE/
-PGSSLMODE, else the local socket as the current user (what `psql` alone would reach).
+PGSSLMODE/PGTARGETSESSIONATTRS, else the local socket as the current user (what `psql` alone would
+reach). Several hosts with target_session_attrs=read-write follow a failover (docs/OPERATIONS.md).
 
 Exit codes: the child's code (128+N if signal N killed it); 2 usage; 65 the command's
 $LEASECTL_EVENTS were refused; 69 database unavailable; 70 internal error; 75 busy; 76 lease lost; 77 the role lacks a privilege (or may not migrate);

@@ -2,8 +2,8 @@
 //!
 //! libpq's order, first match wins: the connection string (`--database-url` / `DATABASE_URL`, a
 //! URL or a `key=value` string), then the service it names (`service=` or `PGSERVICE`, see
-//! [`super::service`]), then `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`,
-//! `PGSSLMODE`, `PGCONNECT_TIMEOUT`, `PGSSLCERT`, `PGSSLKEY`, `PGSSLROOTCERT`, then the local
+//! [`super::service`]), then `PGHOST`, `PGPORT` (both may be lists), `PGUSER`, `PGPASSWORD`,
+//! `PGDATABASE`, `PGTARGETSESSIONATTRS`, `PGSSLMODE`, `PGCONNECT_TIMEOUT`, `PGSSLCERT`, `PGSSLKEY`, `PGSSLROOTCERT`, then the local
 //! socket as the current OS user — what `psql` with no arguments reaches. Without a password,
 //! the password file is consulted per host ([`super::pgpass`]). TLS is set up by [`super::tls`].
 //!
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use tokio::sync::mpsc;
-use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode};
+use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode, TargetSessionAttrs};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Notification};
 
@@ -114,6 +114,9 @@ impl Settings {
             fill_from_service(&mut config, &mut own, &split, &name, pairs)?;
         }
         fill_from_env(&mut config, &env)?;
+        if !split.sets("target_session_attrs") {
+            session_attrs_from_env(&mut config, &env)?;
+        }
 
         let (mode, verify_tls) = match own.get("sslmode").cloned().or_else(|| env("PGSSLMODE")) {
             Some(m) => tls::parse_sslmode(&m)?,
@@ -572,11 +575,14 @@ fn fill_from_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> 
         }
     }
     if config.get_ports().is_empty() {
+        // A list, one port per host, as in libpq: `PGHOST=db1,db2 PGPORT=5432,5433`.
         if let Some(p) = env("PGPORT") {
-            let port = p
-                .parse::<u16>()
-                .map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
-            config.port(port);
+            for one in p.split(',').map(str::trim) {
+                let port = one
+                    .parse::<u16>()
+                    .map_err(|_| Failure::Usage(format!("PGPORT '{p}' is not a port number")))?;
+                config.port(port);
+            }
         }
     }
     if config.get_user().is_none() {
@@ -596,6 +602,29 @@ fn fill_from_env(config: &mut Config, env: &impl Fn(&str) -> Option<String>) -> 
         }
     }
     Ok(())
+}
+
+/// `PGTARGETSESSIONATTRS`, unless the connection string or its service chose already:
+/// `read-write` makes a list of hosts find the primary, as in libpq. tokio-postgres knows only
+/// `any` and `read-write`, so libpq's other values are a usage error rather than ignored.
+fn session_attrs_from_env(
+    config: &mut Config,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<()> {
+    if config.get_target_session_attrs() != TargetSessionAttrs::Any {
+        return Ok(());
+    }
+    match env("PGTARGETSESSIONATTRS").as_deref().map(str::trim) {
+        None | Some("any") => Ok(()),
+        Some("read-write") => {
+            config.target_session_attrs(TargetSessionAttrs::ReadWrite);
+            Ok(())
+        }
+        Some(other) => Err(Failure::Usage(format!(
+            "PGTARGETSESSIONATTRS '{other}' is not supported: use any or read-write"
+        ))
+        .into()),
+    }
 }
 
 fn current_os_user() -> Option<String> {
@@ -724,6 +753,39 @@ mod tests {
             .starts_with("db.example:6543, /run/pg/.s.PGSQL.6543 as user \"app\""));
         assert_eq!(s.connect_timeout, CONNECT_TIMEOUT);
         assert_eq!(s.connect_budget(), 2 * CONNECT_TIMEOUT);
+    }
+
+    #[test]
+    fn pghost_and_pgport_lists_pair_up_and_pgtargetsessionattrs_applies() {
+        let env = env_of(&[
+            ("PGHOST", "db1,db2"),
+            ("PGPORT", "5432, 5433"),
+            ("PGUSER", "u"),
+            ("PGTARGETSESSIONATTRS", "read-write"),
+        ]);
+        let s = Settings::from_env(None, &env).unwrap();
+        assert_eq!(hosts(&s), ["db1:5432", "db2:5433"]);
+        assert_eq!(
+            s.base.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        // The string's own setting wins, as everywhere.
+        let s = Settings::from_env(Some("host=h port=1 target_session_attrs=any"), &env).unwrap();
+        assert_eq!(s.base.get_target_session_attrs(), TargetSessionAttrs::Any);
+        let err = Settings::from_env(
+            None,
+            env_of(&[("PGUSER", "u"), ("PGTARGETSESSIONATTRS", "standby")]),
+        )
+        .err()
+        .unwrap();
+        assert!(format!("{err}").contains("use any or read-write"), "{err}");
+        let err = Settings::from_env(None, env_of(&[("PGUSER", "u"), ("PGPORT", "1,x")]))
+            .err()
+            .unwrap();
+        assert!(format!("{err}").contains("PGPORT '1,x'"), "{err}");
+        // Three hosts and two ports cannot pair up.
+        let env = env_of(&[("PGHOST", "a,b,c"), ("PGPORT", "1,2"), ("PGUSER", "u")]);
+        assert!(Settings::from_env(None, &env).is_err());
     }
 
     #[test]

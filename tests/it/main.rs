@@ -16,6 +16,7 @@ mod completions;
 mod connect;
 mod events;
 mod examples;
+mod failover;
 mod faults;
 mod harness;
 mod health;

@@ -46,7 +46,8 @@ fn typed_exit_codes() -> Vec<(u8, &'static str)> {
 /// What leasectl itself reads.
 const READS: &[(&str, &str)] = &[
     ("DATABASE_URL", "PostgreSQL URL or libpq key=value string, when --database-url is not given"),
-    ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE", "as in libpq, when neither --database-url nor DATABASE_URL is set; PGHOST may list several hosts, tried in order"),
+    ("PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE", "as in libpq, when neither --database-url nor DATABASE_URL is set; PGHOST may list several hosts, tried in order, and PGPORT one port for all or one per host"),
+    ("PGTARGETSESSIONATTRS", "read-write: of several hosts, use the one that accepts writes (the primary), as in libpq; any (default)"),
     ("PGSSLMODE, PGSSLROOTCERT, PGSSLCERT, PGSSLKEY", "TLS settings, as in libpq"),
     ("PGPASSFILE", "the password file (default ~/.pgpass)"),
     ("PGSERVICE, PGSERVICEFILE, PGSYSCONFDIR", "a connection service and where pg_service.conf files are found, as in libpq"),
