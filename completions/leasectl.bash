@@ -782,7 +782,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__relay)
-            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --database-url --schema --verbose --help --version"
+            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --metrics --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -809,6 +809,10 @@ _leasectl() {
                     return 0
                     ;;
                 --parallel)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --metrics)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

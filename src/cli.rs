@@ -279,9 +279,10 @@ Examples:
   leasectl relay --sink 'nats://localhost:4222?subject=orders'
   leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
   leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
+  leasectl relay --sink exec:./deliver.sh --metrics 127.0.0.1:9464   # Prometheus scrapes /metrics
 
 Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
-events went dead during the pass; 2 usage; 69 database unreachable, or the sink unreachable with
+events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR); 69 database unreachable, or the sink unreachable with
 --once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
 
 const EXPECT_HELP: &str = "\
@@ -424,6 +425,10 @@ pub struct RelayArgs {
     /// Aggregates published at once within a batch [default: 64; exec: 4; stdout: 1]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: Option<u16>,
+
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,6 +4,7 @@ use anyhow::Result;
 
 use crate::cli::{DbArgs, RelayArgs};
 use crate::exit::{usage, Exit};
+use crate::relay::metrics::Metrics;
 use crate::relay::sink::SinkSpec;
 use crate::relay::{self, RelayConfig};
 
@@ -18,6 +19,11 @@ pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
         timeout: args.timeout,
         parallel: args.parallel.map(usize::from),
     };
+    // Before connecting: a port that is taken is the operator's to fix, whatever the database.
+    let metrics = match args.metrics {
+        Some(addr) => Metrics::serve(addr, &cfg.sink.describe()).await?,
+        None => Metrics::off(),
+    };
     let db = super::connect(db).await?;
-    relay::run(db, cfg).await
+    relay::run(db, cfg, metrics).await
 }

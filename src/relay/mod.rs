@@ -28,6 +28,7 @@
 //! outbox event ([`crate::health::reconcile`]); `--once` evaluates once, before it drains.
 
 pub mod backoff;
+pub mod metrics;
 pub mod progress;
 pub mod publish;
 pub mod sink;
@@ -43,6 +44,7 @@ use crate::exit::{Exit, Failure};
 use crate::fmt;
 use crate::store::outbox::{self, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
+use metrics::Metrics;
 use progress::Progress;
 use publish::Publisher;
 use sink::{Sink, SinkOptions, SinkSpec};
@@ -65,8 +67,9 @@ pub struct RelayConfig {
     pub parallel: Option<usize>,
 }
 
-/// Runs the relay until `--once` has drained what was due, or a signal arrives.
-pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
+/// Runs the relay until `--once` has drained what was due, or a signal arrives, reporting into
+/// `metrics` ([`Metrics::off`] without `--metrics`).
+pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit> {
     let stop = CancellationToken::new();
     let mut second = crate::signals::cancel_on_stop(stop.clone(), |first| {
         info!("signal {first}: finishing the batch in hand, then exiting");
@@ -87,6 +90,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig) -> Result<Exit> {
         vacuum: true,
         health_at: None,
         health_on: true,
+        metrics,
         cfg,
     };
     // Before `--once` fixes what it drains, so the incidents it opens are published too.
@@ -132,6 +136,7 @@ struct Relay {
     /// When health was last evaluated, and whether this relay still does.
     health_at: Option<Instant>,
     health_on: bool,
+    metrics: Metrics,
 }
 
 /// What one batch did.
@@ -188,8 +193,10 @@ impl Relay {
             went_dead += report.went_dead;
             self.progress.batch(report.delivered);
             self.progress.refresh_backlog(&db.client, &db.schema).await;
+            self.metrics.refresh(&db.client, &db.schema).await;
             self.maybe_vacuum(db, report.delivered).await;
 
+            self.metrics.sink_up(report.sink_down.is_none());
             if let Some(msg) = report.sink_down {
                 if self.cfg.once || matches!(self.sink, Sink::Stdout(_)) {
                     return Err(Failure::Unavailable(format!(
@@ -251,6 +258,7 @@ impl Relay {
             return Err(e.into());
         }
         publisher.report_failures(&claimed, &settled);
+        self.metrics.settled(&claimed, &settled);
         let went_dead = settled
             .iter()
             .filter(|s| matches!(s, Settle::Failed { dead: true, .. }))
@@ -308,6 +316,10 @@ impl Relay {
         if let Some(due) = self.progress.backlog_due_in() {
             wait = wait.min(due.max(Duration::from_millis(10)));
         }
+        self.metrics.refresh(&db.client, &db.schema).await;
+        if let Some(due) = self.metrics.refresh_due_in() {
+            wait = wait.min(due.max(Duration::from_millis(10)));
+        }
         tokio::select! {
             n = db.notifications.recv() => {
                 if n.is_none() {
@@ -361,6 +373,7 @@ impl Relay {
             match attempt.await {
                 Ok(()) => {
                     warn!("reconnected to the database");
+                    self.metrics.reconnected();
                     return Ok(());
                 }
                 Err(e) if Exit::from_error(&e) == Exit::Unavailable => {

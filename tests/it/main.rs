@@ -24,6 +24,7 @@ mod inspect;
 mod job_events;
 mod lease;
 mod manpages;
+mod metrics;
 mod pooler;
 mod privileges;
 mod relay;
