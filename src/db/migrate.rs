@@ -46,6 +46,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "cron",
         sql: include_str!("../../migrations/0003_cron.sql"),
     },
+    Migration {
+        version: 8,
+        name: "notify_idle",
+        sql: include_str!("../../migrations/0008_notify_idle.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

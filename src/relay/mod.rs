@@ -17,7 +17,8 @@
 //!   and will be published again.
 //!
 //! Waking: LISTEN on `<schema>.outbox` (the insert trigger and `leasectl run`'s save NOTIFY
-//! it), else `--poll`, else the earliest retry falling due. SIGINT/SIGTERM cancel a
+//! it; the trigger only while a relay holds the idle mark, see [`wake`]), else `--poll`, else
+//! the earliest retry falling due. SIGINT/SIGTERM cancel a
 //! [`CancellationToken`] ([`crate::signals::cancel_on_stop`]): the batch in hand is finished and
 //! the relay exits 0; a second signal drops the batch at once — its transaction rolls back, so
 //! it is published again later — and exits 128+N. [`progress`] is the terminal line and `-v`
@@ -32,6 +33,7 @@ pub mod metrics;
 pub mod progress;
 pub mod publish;
 pub mod sink;
+pub mod wake;
 
 use std::time::Duration;
 
@@ -48,6 +50,7 @@ use metrics::Metrics;
 use progress::Progress;
 use publish::Publisher;
 use sink::{Sink, SinkOptions, SinkSpec};
+use wake::{IdleMark, Take};
 
 /// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
 /// minute, and a fast relay can churn through millions of rows in that time).
@@ -85,6 +88,8 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         sink,
         up_to_seq: i64::MAX,
         listening: false,
+        mark: IdleMark::default(),
+        mark_waits: false,
         progress: Progress::new(&cfg.sink.describe()),
         since_vacuum: 0,
         vacuum: true,
@@ -130,6 +135,10 @@ struct Relay {
     /// `--once` publishes only events that existed when it started.
     up_to_seq: i64,
     listening: bool,
+    /// Held while this relay sleeps on LISTEN: the trigger notifies only then ([`wake`]).
+    mark: IdleMark,
+    /// Whether this relay is waiting out a transaction to take the mark (said once).
+    mark_waits: bool,
     progress: Progress,
     since_vacuum: u64,
     vacuum: bool,
@@ -226,7 +235,34 @@ impl Relay {
                 }
                 return Ok(Exit::Code(0));
             }
-            self.idle(db, stop).await?;
+            // Before sleeping: take the mark, then claim once more — whatever committed
+            // without a NOTIFY did so before the mark was taken ([`wake`]).
+            let mut nap = self.cfg.poll;
+            if self.listening {
+                match self.mark.take(&db.client, &db.schema).await {
+                    Ok(Take::Taken) => {
+                        self.mark_waits = false;
+                        continue;
+                    }
+                    // Claim again meanwhile, and retry; said once per episode.
+                    Ok(Take::Busy) => {
+                        if !self.mark_waits {
+                            self.mark_waits = true;
+                            info!("an open transaction that inserted events without a NOTIFY keeps this relay from sleeping on LISTEN; polling every {} until it ends", fmt::duration(wake::TAKE_WAIT));
+                        }
+                        continue;
+                    }
+                    Ok(Take::Held) => {}
+                    // The holder may die or start working: try again soon, so that an
+                    // unnotified event waits at most this long when this relay is the only
+                    // one left.
+                    Ok(Take::Other) => nap = nap.min(wake::OTHER_RETRY),
+                    // Sleep unmarked: the connection is gone (the next claim reconnects), or
+                    // `--poll` finds the events.
+                    Err(e) => info!("cannot take the idle mark ({})", db::reason(&e)),
+                }
+            }
+            self.idle(db, stop, nap).await?;
         }
     }
 
@@ -238,6 +274,8 @@ impl Relay {
             outbox::rollback(client).await?;
             return Ok(BatchReport::default());
         }
+        // Working again: writers may stop notifying.
+        self.mark.release(client).await?;
         let publisher = Publisher {
             sink: &self.sink,
             parallel: self.parallel,
@@ -304,8 +342,8 @@ impl Relay {
     }
 
     /// Waits for a NOTIFY, the poll interval, the earliest retry falling due, or a signal.
-    async fn idle(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<()> {
-        let mut wait = self.cfg.poll;
+    async fn idle(&mut self, db: &mut Db, stop: &CancellationToken, nap: Duration) -> Result<()> {
+        let mut wait = nap;
         match outbox::next_retry_in(&db.client, &db.schema).await {
             Ok(Some(due)) => wait = wait.min(due.max(Duration::from_millis(10))),
             Ok(None) => {}
@@ -366,6 +404,7 @@ impl Relay {
                 _ = tokio::time::sleep(backoff.next_delay()) => {}
                 _ = stop.cancelled() => return Ok(()),
             }
+            self.mark.forget();
             let attempt = async {
                 db.reconnect().await?;
                 self.listen(db).await

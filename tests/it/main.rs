@@ -30,6 +30,7 @@ mod privileges;
 mod relay;
 mod relay_backlog;
 mod relay_sinks;
+mod relay_wake;
 mod release;
 mod safety;
 mod singleflight;
