@@ -42,7 +42,7 @@ CREATE TRIGGER outbox_notify AFTER INSERT ON {s}.outbox FOR EACH STATEMENT
 
 
 def psql(sql):
-    subprocess.run(["psql", "-qX", "-v", "ON_ERROR_STOP=1", "-c", sql], check=True,
+    subprocess.run(["psql", "-qX", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning", "-c", sql], check=True,
                    stdout=subprocess.DEVNULL)
 
 
