@@ -27,6 +27,7 @@ mod pooler;
 mod privileges;
 mod relay;
 mod relay_backlog;
+mod relay_faults;
 mod relay_sinks;
 mod release;
 mod safety;

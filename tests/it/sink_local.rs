@@ -92,6 +92,8 @@ pub(crate) enum Answer {
     Silence,
     /// Reads the request, then closes the connection without a word.
     Hangup,
+    /// Reads the request, then resets the connection (RST: SO_LINGER 0, then close).
+    Reset,
     /// Decided per request, from the request and its index among every request the peer has
     /// read (0 for the first): say, failing the first few, or refusing one aggregate's events.
     By(Decide),
@@ -218,6 +220,12 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
             }
             Answer::Silence => std::future::pending::<()>().await,
             Answer::Hangup => return,
+            Answer::Reset => {
+                // Linger 0 never blocks: the close sends RST at once.
+                #[allow(deprecated)]
+                let _ = socket.set_linger(Some(Duration::ZERO));
+                return;
+            }
             Answer::By(_) => unreachable!("resolved above"),
         }
     }
@@ -431,14 +439,21 @@ fn http_unknown_host_is_unavailable() {
 }
 
 #[test]
-fn http_hangup_before_the_response_is_unavailable() {
-    runtime().block_on(async {
-        let peer = Peer::start(Answer::Hangup).await;
-        let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.contains("failed before a response"), "{m}");
-        assert_eq!(peer.requests().len(), 1);
-    });
+fn http_hangup_or_reset_after_the_request_is_this_events_refusal() {
+    // The request went out: the connection dropped on this event is this event's failure
+    // (charged), not an unreachable sink (which would back off every aggregate).
+    for answer in [Answer::Hangup, Answer::Reset] {
+        runtime().block_on(async {
+            let peer = Peer::start(answer).await;
+            let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
+            let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+            assert!(
+                m.contains("the request was sent but the connection failed"),
+                "{m}"
+            );
+            assert_eq!(peer.requests().len(), 1);
+        });
+    }
 }
 
 #[test]
