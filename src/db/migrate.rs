@@ -46,6 +46,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "cron",
         sql: include_str!("../../migrations/0003_cron.sql"),
     },
+    Migration {
+        version: 7,
+        name: "relay_faults",
+        sql: include_str!("../../migrations/0007_relay_faults.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -326,63 +326,132 @@ pub enum Settle {
     },
 }
 
+/// One event to put back: the claimed row and what to change.
+struct PutBack<'a> {
+    c: &'a Claimed,
+    attempts: i32,
+    last_error: Option<String>,
+    retry_in_ms: Option<i64>,
+    die: bool,
+}
+
+impl<'a> PutBack<'a> {
+    /// The event as it was claimed: nothing charged.
+    fn untouched(c: &'a Claimed) -> PutBack<'a> {
+        PutBack {
+            c,
+            attempts: c.attempts,
+            last_error: c.last_error.clone(),
+            retry_in_ms: None,
+            die: false,
+        }
+    }
+}
+
 /// Puts back every claimed event that was not delivered, inside the claim's transaction, with
 /// its original `seq`, `id` and `created_at`. Returns how many were put back.
+///
+/// No event can take the others down with it (issue 12 §5.3): the put-back is one statement
+/// inside a savepoint, and should PostgreSQL refuse it (a constraint or index an application
+/// added, say), each event is put back on its own, in a savepoint of its own; one that is still
+/// refused goes back *as it was claimed* (nothing charged), which the table held a moment ago.
+/// Only if even that fails does the batch roll back (an error is returned), so nothing is ever
+/// lost.
 async fn restore(
     client: &Client,
     schema: &Schema,
     claimed: &[Claimed],
     settled: &[Settle],
 ) -> Result<u64, tokio_postgres::Error> {
-    let mut seq = Vec::new();
-    let mut id = Vec::new();
-    let mut aggregate_type = Vec::new();
-    let mut aggregate_id = Vec::new();
-    let mut event_type = Vec::new();
-    let mut payload = Vec::new();
-    let mut created_at = Vec::new();
-    let mut attempts = Vec::new();
-    let mut next_attempt_at = Vec::new();
-    let mut retry_in_ms: Vec<Option<i64>> = Vec::new();
-    let mut last_error = Vec::new();
-    let mut dead_at = Vec::new();
-    let mut die = Vec::new();
+    let mut rows = Vec::new();
     for (c, s) in claimed.iter().zip(settled) {
-        let (tries, error, retry, dies) = match s {
+        rows.push(match s {
             Settle::Delivered => continue,
-            Settle::Untouched => (c.attempts, c.last_error.clone(), None, false),
+            Settle::Untouched => PutBack::untouched(c),
             Settle::Failed {
                 error,
                 retry_in,
                 dead,
-            } => (
-                c.attempts.saturating_add(1),
-                Some(error.clone()),
-                Some(ms(*retry_in)),
-                *dead,
-            ),
-        };
-        seq.push(c.event.seq);
-        id.push(c.event.id);
-        aggregate_type.push(c.event.aggregate_type.as_str());
-        aggregate_id.push(c.event.aggregate_id.as_str());
-        event_type.push(c.event.event_type.as_str());
-        payload.push(c.payload.as_str());
-        created_at.push(c.created_at);
-        attempts.push(tries);
-        next_attempt_at.push(c.next_attempt_at);
-        retry_in_ms.push(retry);
-        last_error.push(error);
-        dead_at.push(c.dead_at);
-        die.push(dies);
+            } => PutBack {
+                c,
+                attempts: c.attempts.saturating_add(1),
+                last_error: Some(error.clone()),
+                retry_in_ms: Some(ms(*retry_in)),
+                die: *dead,
+            },
+        });
     }
-    if seq.is_empty() {
+    if rows.is_empty() {
         return Ok(0);
     }
     // Restored events were already announced; skip the NOTIFY trigger for them.
     client
-        .batch_execute("SET LOCAL leasectl.outbox_notified = 'on'")
+        .batch_execute("SET LOCAL leasectl.outbox_notified = 'on'; SAVEPOINT leasectl_restore")
         .await?;
+    let all = match put_back(client, schema, &rows).await {
+        Ok(n) => {
+            client.batch_execute("RELEASE leasectl_restore").await?;
+            return Ok(n);
+        }
+        Err(e) => e,
+    };
+    if all.as_db_error().is_none() {
+        return Err(all);
+    }
+    client.batch_execute("ROLLBACK TO leasectl_restore").await?;
+    let mut n = 0;
+    for row in &rows {
+        client
+            .batch_execute("SAVEPOINT leasectl_restore_one")
+            .await?;
+        match put_back(client, schema, std::slice::from_ref(row)).await {
+            Ok(k) => n += k,
+            Err(refused) if refused.as_db_error().is_some() => {
+                client
+                    .batch_execute("ROLLBACK TO leasectl_restore_one")
+                    .await?;
+                let e = &row.c.event;
+                warn!(
+                    "cannot record the outcome of event {} ({} {}): {}; it goes back as it was, without this attempt",
+                    e.id,
+                    crate::fmt::one_line(&e.aggregate_type, 60),
+                    crate::fmt::one_line(&e.aggregate_id, 60),
+                    crate::db::reason(&refused)
+                );
+                n += put_back(client, schema, &[PutBack::untouched(row.c)]).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        client.batch_execute("RELEASE leasectl_restore_one").await?;
+    }
+    Ok(n)
+}
+
+/// One `INSERT … SELECT FROM unnest(…)` of `rows`: the put-back statement.
+async fn put_back(
+    client: &Client,
+    schema: &Schema,
+    rows: &[PutBack<'_>],
+) -> Result<u64, tokio_postgres::Error> {
+    let seq: Vec<i64> = rows.iter().map(|r| r.c.event.seq).collect();
+    let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.c.event.id).collect();
+    let aggregate_type: Vec<&str> = rows
+        .iter()
+        .map(|r| r.c.event.aggregate_type.as_str())
+        .collect();
+    let aggregate_id: Vec<&str> = rows
+        .iter()
+        .map(|r| r.c.event.aggregate_id.as_str())
+        .collect();
+    let event_type: Vec<&str> = rows.iter().map(|r| r.c.event.event_type.as_str()).collect();
+    let payload: Vec<&str> = rows.iter().map(|r| r.c.payload.as_str()).collect();
+    let created_at: Vec<SystemTime> = rows.iter().map(|r| r.c.created_at).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempts).collect();
+    let next_attempt_at: Vec<SystemTime> = rows.iter().map(|r| r.c.next_attempt_at).collect();
+    let retry_in_ms: Vec<Option<i64>> = rows.iter().map(|r| r.retry_in_ms).collect();
+    let last_error: Vec<Option<&str>> = rows.iter().map(|r| r.last_error.as_deref()).collect();
+    let dead_at: Vec<Option<SystemTime>> = rows.iter().map(|r| r.c.dead_at).collect();
+    let die: Vec<bool> = rows.iter().map(|r| r.die).collect();
     let sql = sql(
         schema,
         "INSERT INTO {s}.outbox (seq, id, aggregate_type, aggregate_id, type, payload, created_at,
@@ -524,6 +593,7 @@ pub async fn list(
                 o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
                 EXISTS (SELECT 1 FROM {s}.outbox b
                          WHERE {held}
+                           AND {agg_key:b} = {agg_key:o}
                            AND b.seq < o.seq
                            AND b.aggregate_type = o.aggregate_type
                            AND b.aggregate_id = o.aggregate_id
