@@ -10,14 +10,20 @@
 //! 1. a window of the oldest events (`--batch` × 2) of aggregates that are not *blocked* — whose
 //!    events are neither dead nor waiting out a retry (the `outbox_held` partial index makes that
 //!    one probe) — so a dead aggregate never holds up the others;
-//! 2. the first event of each aggregate in that window, kept only if no older event of the
+//! 2. if that window holds fewer than `--batch` aggregates (a burst on one aggregate, say, or
+//!    aggregates whose heads other relays hold), a second window just past it, of the events of
+//!    the aggregates the first does not hold, looking up to 100 windows ahead: so the claim
+//!    reaches past a busy or locked aggregate to the heads of others (issue 12 §5.2: 3,000
+//!    events of one aggregate ahead of 1,000 others kept the others waiting, and two of three
+//!    relays idle);
+//! 3. the first event of each aggregate in those windows, kept only if no older event of the
 //!    aggregate exists, and locked `FOR UPDATE SKIP LOCKED`: a head another relay holds is
 //!    skipped, and with it its whole aggregate;
-//! 3. the window's events of the aggregates whose head was locked, the `--batch` oldest of
-//!    them. The window is a `seq`-ordered prefix of the unblocked events, so each aggregate's
-//!    events in it run contiguously from its head: each aggregate contributes a prefix of its
-//!    chain, head first;
-//! 4. those rows are deleted, which locks them until the transaction ends.
+//! 4. the windows' events of the aggregates whose head was locked, `--batch` of them, round
+//!    robin (every head first, then second events…). Each window is a `seq`-ordered run of the
+//!    unblocked events of its aggregates, so each aggregate's events in it run contiguously
+//!    from its head: each aggregate contributes a prefix of its chain, head first;
+//! 5. those rows are deleted, which locks them until the transaction ends.
 //!
 //! A second relay cannot take any event of an aggregate this relay is working on: the head is
 //! locked, and every later event has an older event (the head) still visible to it until this
@@ -70,10 +76,16 @@ pub struct Event {
 /// How many of the oldest events the claim looks at, per event it may return.
 const WINDOW_FACTOR: i64 = 2;
 
+/// How far past the window the claim looks for other aggregates' heads when the window holds
+/// fewer than `--batch` aggregates, in windows: a burst of up to this many windows' events on a
+/// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it.
+const REACH_FACTOR: i64 = 100;
+
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
-/// `$3` = highest `seq` to consider (`--once` stops at what existed when it started).
+/// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
+/// many events past the window to look through for other aggregates' heads.
 const CLAIM: &str = "
-WITH win AS MATERIALIZED (
+WITH win1 AS MATERIALIZED (
     SELECT o.seq, o.aggregate_type, o.aggregate_id
       FROM {s}.outbox o
      WHERE o.seq <= $3
@@ -85,6 +97,28 @@ WITH win AS MATERIALIZED (
              WHERE {held} AND {held_now})
      ORDER BY o.seq
      LIMIT $2
+), win2 AS MATERIALIZED (
+    -- Only when the window holds fewer than $1 aggregates (a burst on a few, or a few whose
+    -- heads other relays hold): the events just past it of the aggregates it does not hold.
+    -- The condition refers to nothing of this scan, so it is a one-time filter: otherwise the
+    -- scan never runs. An aggregate absent from the window has all its events past it, so the
+    -- first of its events seen here is its head, and its events here a prefix of its chain.
+    SELECT p.seq, p.aggregate_type, p.aggregate_id
+      FROM (SELECT o.seq, o.aggregate_type, o.aggregate_id
+              FROM {s}.outbox o
+             WHERE o.seq <= $3 AND o.seq > (SELECT coalesce(max(seq), 0) FROM win1)
+             ORDER BY o.seq
+             LIMIT $4) p
+     WHERE (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
+       AND (p.aggregate_type, p.aggregate_id) NOT IN (
+            SELECT aggregate_type, aggregate_id FROM win1)
+       AND (p.aggregate_type, p.aggregate_id) NOT IN (
+            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
+             WHERE {held} AND {held_now})
+     ORDER BY p.seq
+     LIMIT $2
+), win AS (
+    SELECT * FROM win1 UNION ALL SELECT * FROM win2
 ), firsts AS (
     SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id
 ), heads AS (
@@ -95,10 +129,13 @@ WITH win AS MATERIALIZED (
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
+    -- Round robin over the aggregates: every head before any aggregate's second event, and so
+    -- on, so that one long chain cannot fill the batch while other aggregates wait.
     SELECT w.seq
       FROM win w
       JOIN heads h ON h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id
-     ORDER BY w.seq
+     ORDER BY row_number() OVER (PARTITION BY w.aggregate_type, w.aggregate_id ORDER BY w.seq),
+              w.seq
      LIMIT $1
 )
 DELETE FROM {s}.outbox o
@@ -236,11 +273,13 @@ pub async fn claim(
     up_to_seq: i64,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let window = batch.saturating_mul(WINDOW_FACTOR);
+    let reach = window.saturating_mul(REACH_FACTOR);
     let claim = sql(schema, CLAIM);
-    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
         (&up_to_seq, Type::INT8),
+        (&reach, Type::INT8),
     ];
     let (begun, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),

@@ -201,3 +201,40 @@ fn a_put_back_postgresql_refuses_never_rolls_back_the_rest_of_the_batch() {
         "aggregate 1 is back as it was"
     );
 }
+
+/// §5.2: the claim looked only at the oldest 2 × `--batch` events, so 3,000 events of one
+/// aggregate ahead of 1,000 others kept the others waiting until the burst had (nearly) drained.
+/// Now it reaches past the busy aggregate to the others' heads: they arrive at the sink while
+/// most of the burst is still to come (asserted by order of arrival, not by time).
+#[test]
+fn a_burst_on_one_aggregate_does_not_hold_the_others_back() {
+    let env = migrated();
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', 'burst', 'order.paid', jsonb_build_object('n', g)
+           FROM generate_series(1, 3000) g;
+         INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', 'o' || g, 'order.paid', jsonb_build_object('n', g)
+           FROM generate_series(1, 1000) g",
+    );
+    let hook = Webhook::start(no_content());
+    let o = env.run(&["relay", "--once", "--sink", &hook.url()]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(outbox_count(&env), 0);
+    let bodies: Vec<serde_json::Value> = hook.requests().iter().map(body).collect();
+    assert_eq!(bodies.len(), 4000, "posted twice");
+    assert_per_aggregate_order(&bodies);
+    let last_other = bodies
+        .iter()
+        .rposition(|b| b["aggregate_id"] != "burst")
+        .unwrap();
+    let burst_before = bodies[..last_other]
+        .iter()
+        .filter(|b| b["aggregate_id"] == "burst")
+        .count();
+    // 1,000 heads at 100 per batch: about 10 batches, each with the burst's next event.
+    assert!(
+        burst_before < 300,
+        "{burst_before} of the burst's events went before the last of the others"
+    );
+}
