@@ -241,14 +241,20 @@ impl Relay {
             .iter()
             .filter(|s| matches!(s, Settle::Delivered))
             .count();
-        if let Err(e) = outbox::settle(client, &db.schema, &claimed, &settled).await {
+        if let Err(failed) = outbox::settle(client, &db.schema, &claimed, &settled).await {
             if delivered > 0 {
+                // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
                 warn!(
-                    "could not record {delivered} delivered events ({}); they will be published again",
-                    db::reason(&e)
+                    "could not record {delivered} delivered events ({}); {}",
+                    db::reason(&failed.error),
+                    if failed.outcome_unknown {
+                        "the commit's outcome is unknown: they may be published again"
+                    } else {
+                        "they will be published again"
+                    }
                 );
             }
-            return Err(e.into());
+            return Err(failed.error.into());
         }
         publisher.report_failures(&claimed, &settled);
         let went_dead = settled

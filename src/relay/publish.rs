@@ -130,6 +130,7 @@ impl Publisher<'_> {
                     error,
                     retry_in: retry_delay(attempt, fastrand::f64()),
                     dead: attempt >= self.max_attempts,
+                    refused_at: std::time::Instant::now(),
                 }
             }
         }
@@ -142,6 +143,7 @@ impl Publisher<'_> {
                 error,
                 retry_in,
                 dead,
+                ..
             } = s
             else {
                 continue;

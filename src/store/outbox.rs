@@ -303,6 +303,16 @@ pub async fn rollback(client: &Client) -> Result<(), tokio_postgres::Error> {
     client.batch_execute("ROLLBACK").await
 }
 
+/// Why a batch could not be settled, and whether its transaction may have committed all the
+/// same.
+#[derive(Debug)]
+pub struct SettleFailed {
+    pub error: tokio_postgres::Error,
+    /// The COMMIT went out and no answer came back (the connection broke): the transaction may
+    /// have committed or not, and nobody can tell which. Otherwise it certainly rolled back.
+    pub outcome_unknown: bool,
+}
+
 /// Ends a batch's transaction: puts back what was not delivered ([`restore`]) and commits, which
 /// makes the delivered events' deletion final. On error the transaction is rolled back.
 pub async fn settle(
@@ -310,16 +320,24 @@ pub async fn settle(
     schema: &Schema,
     claimed: &[Claimed],
     settled: &[Settle],
-) -> Result<(), tokio_postgres::Error> {
-    let finish = async {
-        restore(client, schema, claimed, settled).await?;
-        client.batch_execute("COMMIT").await
+) -> Result<(), SettleFailed> {
+    let failed = match restore(client, schema, claimed, settled).await {
+        Err(error) => SettleFailed {
+            error,
+            outcome_unknown: false,
+        },
+        Ok(_) => match client.batch_execute("COMMIT").await {
+            Ok(()) => return Ok(()),
+            Err(error) => SettleFailed {
+                // An error answered by the server means it rolled back; anything else (the
+                // connection closed, a timeout) may have come after the commit went through.
+                outcome_unknown: error.as_db_error().is_none(),
+                error,
+            },
+        },
     };
-    let result = finish.await;
-    if result.is_err() {
-        let _ = rollback(client).await;
-    }
-    result
+    let _ = rollback(client).await;
+    Err(failed)
 }
 
 /// Vacuums the outbox so it and its indexes stay small after heavy draining. Returns `false`,
@@ -357,11 +375,13 @@ pub enum Settle {
     /// Not attempted (or the sink was unreachable): put back exactly as it was.
     Untouched,
     /// Refused by the sink: put back with one more attempt, the error, and either the time of
-    /// the next attempt (`retry_in`) or, with `dead`, marked dead.
+    /// the next attempt (`retry_in` after `refused_at`) or, with `dead`, marked dead.
     Failed {
         error: String,
         retry_in: Duration,
         dead: bool,
+        /// When the refusal came: the backoff runs from here, not from the batch's start.
+        refused_at: std::time::Instant,
     },
 }
 
@@ -411,11 +431,16 @@ async fn restore(
                 error,
                 retry_in,
                 dead,
+                refused_at,
             } => PutBack {
                 c,
                 attempts: c.attempts.saturating_add(1),
                 last_error: Some(error.clone()),
-                retry_in_ms: Some(ms(*retry_in)),
+                // Measured on the database's clock (clock_timestamp(), the moment of the
+                // put-back), less what has passed since the refusal on ours: `now()` is the
+                // transaction's start, so a slow refusal or a long batch used up the backoff
+                // before it began (issue 12 §5.4).
+                retry_in_ms: Some(ms(retry_in.saturating_sub(refused_at.elapsed()))),
                 die: *dead,
             },
         });
@@ -498,9 +523,9 @@ async fn put_back(
          OVERRIDING SYSTEM VALUE
          SELECT seq, id, aggregate_type, aggregate_id, type, payload::jsonb, created_at, attempts,
                 CASE WHEN retry_in_ms IS NULL THEN next_attempt_at
-                     ELSE now() + retry_in_ms * interval '1 millisecond' END,
+                     ELSE clock_timestamp() + retry_in_ms * interval '1 millisecond' END,
                 last_error,
-                CASE WHEN die THEN now() ELSE dead_at END
+                CASE WHEN die THEN clock_timestamp() ELSE dead_at END
            FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int4[], $9::timestamptz[], $10::int8[], $11::text[],
                        $12::timestamptz[], $13::bool[])
@@ -717,6 +742,52 @@ pub async fn retry(client: &Client, schema: &Schema, which: RetryWhich) -> Resul
         .await
         .context("cannot re-queue the events")?;
     Ok(u64::try_from(row.get::<_, i64>("n")).unwrap_or(0))
+}
+
+/// True when a relay's batch holds the event right now (it is being delivered: its row is
+/// locked by the batch's transaction), so that `outbox retry` can say so before waiting for it.
+pub async fn in_a_batch(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
+    let probe = client
+        .query_typed(
+            &sql(
+                schema,
+                "SELECT 1 FROM {s}.outbox WHERE id = $1 FOR UPDATE NOWAIT",
+            ),
+            &[(&id, Type::UUID)],
+        )
+        .await;
+    match probe {
+        Ok(_) => Ok(false),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+            Ok(true)
+        }
+        Err(e) => Err(e).context("cannot read the outbox"),
+    }
+}
+
+/// [`retry`] of one event, also when a relay's batch holds it: the UPDATE then waits for the
+/// batch, and if the batch put the event back (refused, or not reached) the row it waited for
+/// is gone and the put-back one is new to the statement's snapshot — so it is looked up again,
+/// a few times, rather than reporting "no event" for an event that is still there, retrying
+/// (issue 12 §5.5). Returns whether it was re-queued; `false` means it is gone (delivered or
+/// discarded).
+pub async fn retry_one(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
+    for _ in 0..5 {
+        if retry(client, schema, RetryWhich::One(id)).await? > 0 {
+            return Ok(true);
+        }
+        let exists = client
+            .query_typed_opt(
+                &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
+                &[(&id, Type::UUID)],
+            )
+            .await
+            .context("cannot read the outbox")?;
+        if exists.is_none() {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 /// A discarded event, in its published form, and whether it was dead.

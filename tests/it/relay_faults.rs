@@ -238,3 +238,193 @@ fn a_burst_on_one_aggregate_does_not_hold_the_others_back() {
         "{burst_before} of the burst's events went before the last of the others"
     );
 }
+
+/// §5.4: the next attempt was timed from the batch's start (`now()` in its transaction), not
+/// from the refusal: against a receiver that answers 500 only after 1.5 s, the first retry
+/// (1 s backoff) was due before the refusal arrived and went out at once. Now the gap between
+/// a refusal and the next request is the documented backoff: 1 s, then 2 s, ±20%.
+#[test]
+fn retry_backoff_runs_from_the_refusal_not_from_the_batchs_start() {
+    let env = migrated();
+    insert_events(&env, 1, 1, 1);
+    let delay = std::time::Duration::from_millis(1500);
+    let hook = Webhook::start(Answer::By(Arc::new(move |_, n| {
+        if n < 3 {
+            Answer::Late(delay, Box::new(server_error()))
+        } else {
+            no_content()
+        }
+    })));
+    let relay = Relay::spawn(&env, &["--sink", &hook.url(), "--timeout", "10s"]);
+    wait_for("the fourth request", || hook.count() >= 4);
+    wait_for("the outbox to be empty", || outbox_count(&env) == 0);
+    let at: Vec<std::time::Instant> = hook.requests().iter().map(|r| r.at).collect();
+    // From each refusal (request + 1.5 s) to the next request.
+    let waits: Vec<std::time::Duration> = (1..4).map(|i| at[i] - at[i - 1] - delay).collect();
+    let ms = |d: std::time::Duration| d.as_millis();
+    for (i, (wait, backoff)) in waits.iter().zip([1000, 2000, 4000]).enumerate() {
+        // ±20% jitter; 150 ms more for the response's way back and the relay's wake-up.
+        assert!(
+            ms(*wait) >= backoff * 8 / 10 && ms(*wait) <= backoff * 12 / 10 + 300,
+            "wait {i} after the refusal: {waits:?}"
+        );
+    }
+    let o = relay.stop();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// A deferred trigger on the put-back of aggregate 'b' (a refused event: attempts > 0), which
+/// fires at the batch's COMMIT and runs `body`.
+fn at_commit_of_a_put_back(env: &Env, body: &str) {
+    env.sql(&format!(
+        "CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN {body} RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON outbox DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW WHEN (NEW.aggregate_id = 'b' AND NEW.attempts > 0) EXECUTE FUNCTION at_commit();"
+    ));
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         VALUES ('order', 'a', 'order.paid', '{}'), ('order', 'b', 'order.paid', '{}')",
+    );
+}
+
+fn refusing_b() -> Webhook {
+    Webhook::start(Answer::By(Arc::new(|r, _| {
+        if body(r)["aggregate_id"] == "b" {
+            server_error()
+        } else {
+            no_content()
+        }
+    })))
+}
+
+/// §5.8: when the COMMIT certainly failed (the server answered it with an error), the delivered
+/// events *will* be published again — and they are still in the outbox.
+#[test]
+fn a_commit_refused_by_the_server_says_the_events_will_be_published_again() {
+    let env = migrated();
+    at_commit_of_a_put_back(&env, "RAISE EXCEPTION 'no put-backs today';");
+    let hook = refusing_b();
+    let o = env.run(&["relay", "--once", "--sink", &hook.url()]);
+    assert_ne!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("could not record 1 delivered events")
+            && err.contains("they will be published again"),
+        "{err}"
+    );
+    assert_eq!(outbox_count(&env), 2, "rolled back: 'a' is still there");
+}
+
+/// §5.8: when the connection breaks while the COMMIT is out and no answer comes back, nobody
+/// knows whether it went through: "may", never "will". The relay talks to PostgreSQL through a
+/// TCP proxy that passes the batch's COMMIT on and then cuts the relay off: the commit does go
+/// through (the outbox is empty), and the relay must not claim otherwise.
+#[test]
+fn a_commit_whose_answer_is_lost_says_the_events_may_be_published_again() {
+    let env = migrated();
+    insert_events(&env, 3, 3, 1);
+    let hook = Webhook::start(no_content());
+    let port = cut_after_the_batchs_commit();
+    let url = format!("host=127.0.0.1 port={port} dbname=leasectl_test sslmode=disable");
+    let o = env
+        .command_at(&url)
+        .args(["relay", "--once", "--sink", &hook.url()])
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 69, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("could not record 3 delivered events")
+            && err.contains("the commit's outcome is unknown: they may be published again"),
+        "{err}"
+    );
+    wait_for("the commit to be visible", || outbox_count(&env) == 0);
+}
+
+/// A TCP proxy to PostgreSQL on 127.0.0.1:5432 that, once a client sent the relay's claim
+/// (`RETURNING o.seq`), passes its next `COMMIT` to the server and then closes the client's
+/// connection without an answer. Returns its port; it runs on a thread of its own.
+fn cut_after_the_batchs_commit() -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (client, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let server = tokio::net::TcpStream::connect("127.0.0.1:5432")
+                        .await
+                        .unwrap();
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let back = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    });
+                    let mut claimed = false;
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        let text = String::from_utf8_lossy(&buf[..n]);
+                        claimed |= text.contains("RETURNING o.seq");
+                        let commit = claimed && text.contains("COMMIT");
+                        if commit {
+                            back.abort(); // the answer never reaches the client
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        if commit {
+                            // The server runs the COMMIT; the client's side closes (both
+                            // halves drop here), and it never hears back.
+                            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    port
+}
+
+/// §5.5: `outbox retry ID` on an event inside a running batch waited for the batch and then said
+/// "no event … already delivered or discarded?" (exit 1) while the event was back, retrying.
+/// Now it says the event is being delivered, waits, and re-queues the put-back event.
+#[test]
+fn outbox_retry_of_an_event_in_a_running_batch_says_so_and_requeues_it() {
+    let env = migrated();
+    insert_events(&env, 1, 1, 1);
+    let id = env.scalar("SELECT id FROM outbox");
+    let hook = Webhook::start(Answer::Late(
+        std::time::Duration::from_secs(4),
+        Box::new(server_error()),
+    ));
+    let relay = Relay::spawn(&env, &["--sink", &hook.url(), "--timeout", "20s"]);
+    wait_for("the event to be in flight", || hook.count() >= 1);
+    hook.set(no_content());
+    let o = env.run(&["outbox", "retry", &id]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("is being delivered by a relay right now"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("event {id} is due now")), "{err}");
+    wait_for("the retried event to be delivered", || {
+        outbox_count(&env) == 0
+    });
+    let o = relay.stop();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(hook.count(), 2, "the refused try, then the re-queued one");
+}

@@ -94,6 +94,8 @@ pub(crate) enum Answer {
     Hangup,
     /// Reads the request, then resets the connection (RST: SO_LINGER 0, then close).
     Reset,
+    /// Waits this long after reading the request, then answers as the inner answer says.
+    Late(Duration, Box<Answer>),
     /// Decided per request, from the request and its index among every request the peer has
     /// read (0 for the first): say, failing the first few, or refusing one aggregate's events.
     By(Decide),
@@ -199,8 +201,15 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
             log.len() - 1
         };
         let mut answer = answer.lock().unwrap().clone();
-        while let Answer::By(decide) = answer {
-            answer = decide(&request, index);
+        loop {
+            match answer {
+                Answer::By(decide) => answer = decide(&request, index),
+                Answer::Late(delay, inner) => {
+                    tokio::time::sleep(delay).await;
+                    answer = *inner;
+                }
+                _ => break,
+            }
         }
         match answer {
             Answer::Status {
@@ -226,7 +235,7 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
                 let _ = socket.set_linger(Some(Duration::ZERO));
                 return;
             }
-            Answer::By(_) => unreachable!("resolved above"),
+            Answer::By(_) | Answer::Late(..) => unreachable!("resolved above"),
         }
     }
 }
