@@ -78,7 +78,9 @@ const WINDOW_FACTOR: i64 = 2;
 
 /// How far past the window the claim looks for other aggregates' heads when the window holds
 /// fewer than `--batch` aggregates, in windows: a burst of up to this many windows' events on a
-/// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it.
+/// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it. The look
+/// costs a scan of up to that many rows, so the relay asks for it ([`claim`]'s `reach`) only
+/// when it may find something: see `Relay::batch`.
 const REACH_FACTOR: i64 = 100;
 
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
@@ -142,7 +144,8 @@ DELETE FROM {s}.outbox o
  WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
 RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text AS payload,
           o.created_at, o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
-          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked";
+          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
+          o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
 
 /// A claimed event: what the sink gets, plus the bookkeeping needed to put it back unchanged.
 #[derive(Debug, Clone)]
@@ -157,6 +160,8 @@ pub struct Claimed {
     /// Dead or not yet due: claimed only because it sits behind a head that is due (possible
     /// only when commit order differed from `seq` order). Never published in this batch.
     pub blocked: bool,
+    /// Found past the window (step 2 of the claim), behind a busy or locked aggregate.
+    pub reached: bool,
 }
 
 impl Claimed {
@@ -191,6 +196,7 @@ impl Claimed {
             last_error: r.get("last_error"),
             dead_at: r.get("dead_at"),
             blocked: r.get("blocked"),
+            reached: r.get("reached"),
         }
     }
 }
@@ -264,16 +270,22 @@ const BEGIN_CLAIM: &str = "BEGIN;
     SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
 /// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
-/// out together (one round trip). On error the transaction is rolled back. The caller ends it
-/// with [`settle`] or [`rollback`].
+/// out together (one round trip). With `reach`, the claim may look past its window for other
+/// aggregates' heads (step 2 of the module documentation). On error the transaction is rolled
+/// back. The caller ends it with [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
     batch: i64,
     up_to_seq: i64,
+    reach: bool,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let window = batch.saturating_mul(WINDOW_FACTOR);
-    let reach = window.saturating_mul(REACH_FACTOR);
+    let reach = if reach {
+        window.saturating_mul(REACH_FACTOR)
+    } else {
+        0
+    };
     let claim = sql(schema, CLAIM);
     let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&batch, Type::INT8),
