@@ -19,8 +19,8 @@
 //! 3. the first event of each aggregate in those windows, kept only if no older event of the
 //!    aggregate exists, and locked `FOR UPDATE SKIP LOCKED`: a head another relay holds is
 //!    skipped, and with it its whole aggregate;
-//! 4. the windows' events of the aggregates whose head was locked, `--batch` of them, round
-//!    robin (every head first, then second events…). Each window is a `seq`-ordered run of the
+//! 4. the windows' events of the aggregates whose head was locked, `--batch` of them: every
+//!    head first, then the rest by `seq`. Each window is a `seq`-ordered run of the
 //!    unblocked events of its aggregates, so each aggregate's events in it run contiguously
 //!    from its head: each aggregate contributes a prefix of its chain, head first;
 //! 5. those rows are deleted, which locks them until the transaction ends.
@@ -111,7 +111,8 @@ WITH win1 AS MATERIALIZED (
              WHERE o.seq <= $3 AND o.seq > (SELECT coalesce(max(seq), 0) FROM win1)
              ORDER BY o.seq
              LIMIT $4) p
-     WHERE (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
+     WHERE $4 > 0
+       AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
             SELECT aggregate_type, aggregate_id FROM win1)
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
@@ -131,13 +132,12 @@ WITH win1 AS MATERIALIZED (
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    -- Round robin over the aggregates: every head before any aggregate's second event, and so
-    -- on, so that one long chain cannot fill the batch while other aggregates wait.
+    -- Every head first, then the rest by seq: one long chain cannot fill the batch while other
+    -- aggregates wait, and each aggregate still contributes a prefix of its chain.
     SELECT w.seq
       FROM win w
       JOIN heads h ON h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id
-     ORDER BY row_number() OVER (PARTITION BY w.aggregate_type, w.aggregate_id ORDER BY w.seq),
-              w.seq
+     ORDER BY w.seq = h.seq DESC, w.seq
      LIMIT $1
 )
 DELETE FROM {s}.outbox o
