@@ -22,7 +22,7 @@ Measured:
               that was never analyzed, beside the same floor) — wall time of the whole
               process, start to exit — against the floor: the relay's own claim statement (the
               CLAIM constant read from src/store/outbox.rs, 1000 rows per statement, window 2000, max
-              seq i64::MAX) run by `pgbench -M prepared` from one persistent connection in
+              seq i64::MAX, reach 0: the relay looks past its window only while that finds something) run by `pgbench -M prepared` from one persistent connection in
               autocommit until the table is empty. Each round fills a fresh schema (then VACUUM
               ANALYZE, except for the never-analyzed one) for every candidate, in an order rotated from round to round; the figures
               are medians over the rounds, and every ratio is relay/floor of the same rounds.
@@ -163,7 +163,7 @@ def real_binary(tool):
 
 
 def claim_script(schema):
-    """The relay's CLAIM statement, as a pgbench script with :batch, :window and :maxseq."""
+    """The relay's CLAIM statement, as a pgbench script with :batch, :window, :maxseq and :reach."""
     src = (REPO / "src/store/outbox.rs").read_text()
     m = re.search(r'const CLAIM: &str = "(.*?)";', src, re.S)
     if not m:
@@ -176,10 +176,10 @@ def claim_script(schema):
     if re.search(r"\{(?!s\})\w+\}", sql):
         die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
-    for param in ("$1", "$2", "$3"):
+    for param in ("$1", "$2", "$3", "$4"):
         if param not in sql:
             die(f"the CLAIM statement no longer uses {param}; update bench/relay.py")
-    sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq")
+    sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach")
     return sql + ";\n"
 
 
@@ -596,7 +596,7 @@ def measure_one(args, pg, cand, peer):
                 f.write(claim_script(schema))
             argv = [
                 args.pgbench, "-n", "-M", "prepared", "-c", "1", "-t", str(-(-n // BATCH)),
-                "-D", f"batch={BATCH}", "-D", f"window={2 * BATCH}", "-D", f"maxseq={MAX_SEQ}", "-f", script,
+                "-D", f"batch={BATCH}", "-D", f"window={2 * BATCH}", "-D", f"maxseq={MAX_SEQ}", "-D", "reach=0", "-f", script,
             ]
         else:
             if cand.kind == "amqp":

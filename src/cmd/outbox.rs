@@ -112,25 +112,29 @@ fn t_minus(now: SystemTime, at: SystemTime) -> String {
 
 async fn retry(db: &DbArgs, args: OutboxRetryArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
-    let which = match args.id {
-        Some(id) => RetryWhich::One(id),
-        None => RetryWhich::AllDead,
+    let Some(id) = args.id else {
+        let n = outbox::retry(&db.client, &db.schema, RetryWhich::AllDead).await?;
+        crate::say!("re-queued {n} dead event{}", if n == 1 { "" } else { "s" });
+        return Ok(Exit::Code(0));
     };
-    let n = outbox::retry(&db.client, &db.schema, which).await?;
-    match (which, n) {
-        (RetryWhich::One(id), 0) => {
-            crate::say!("no event {id} in the outbox (already delivered or discarded?)");
-            Ok(Exit::Code(1))
-        }
-        (RetryWhich::One(id), _) => {
-            crate::say!("event {id} is due now");
-            Ok(Exit::Code(0))
-        }
-        (RetryWhich::AllDead, n) => {
-            crate::say!("re-queued {n} dead event{}", if n == 1 { "" } else { "s" });
-            Ok(Exit::Code(0))
-        }
+    let busy = outbox::in_a_batch(&db.client, &db.schema, id).await?;
+    if busy {
+        crate::say!(
+            "event {id} is being delivered by a relay right now; waiting for its batch to end"
+        );
     }
+    if outbox::retry_one(&db.client, &db.schema, id).await? {
+        crate::say!("event {id} is due now");
+        return Ok(Exit::Code(0));
+    }
+    if busy {
+        crate::say!(
+            "event {id} is no longer in the outbox: that batch delivered it (or it was discarded)"
+        );
+    } else {
+        crate::say!("no event {id} in the outbox (already delivered or discarded?)");
+    }
+    Ok(Exit::Code(1))
 }
 
 async fn discard(db: &DbArgs, args: OutboxDiscardArgs) -> Result<Exit> {

@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0003_cron.sql"),
     },
     Migration {
+        version: 7,
+        name: "relay_faults",
+        sql: include_str!("../../migrations/0007_relay_faults.sql"),
+    },
+    Migration {
         version: 8,
         name: "notify_idle",
         sql: include_str!("../../migrations/0008_notify_idle.sql"),

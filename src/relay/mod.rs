@@ -59,6 +59,10 @@ const VACUUM_EVERY: u64 = 20_000;
 /// How often at most the relay evaluates the targets' health.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
 
+/// While the claim fills its batches from its window alone, how often it still looks past the
+/// window for aggregates waiting behind a burst ([`outbox::claim`]'s `reach`).
+const REACH_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub sink: SinkSpec,
@@ -96,6 +100,8 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         health_at: None,
         health_on: true,
         metrics,
+        reach_at: None,
+        reach_next: true,
         cfg,
     };
     // Before `--once` fixes what it drains, so the incidents it opens are published too.
@@ -146,6 +152,9 @@ struct Relay {
     health_at: Option<Instant>,
     health_on: bool,
     metrics: Metrics,
+    /// When the claim last looked past its window, and whether the next one should.
+    reach_at: Option<Instant>,
+    reach_next: bool,
 }
 
 /// What one batch did.
@@ -269,7 +278,18 @@ impl Relay {
     /// Claims, publishes and settles one batch in one transaction.
     async fn batch(&mut self, db: &Db) -> Result<BatchReport> {
         let client = &db.client;
-        let claimed = outbox::claim(client, &db.schema, self.cfg.batch, self.up_to_seq).await?;
+        // Looking past the window costs a scan of up to 100 windows; it is worth it only while
+        // it finds something or the batches come back short (a burst, or heads that other
+        // relays hold). A relay draining one long chain in full batches looks once a second,
+        // so others that queue up behind it wait at most about that long.
+        let reach = self.reach_next || self.reach_at.is_none_or(|t| t.elapsed() >= REACH_EVERY);
+        if reach {
+            self.reach_at = Some(Instant::now());
+        }
+        let claimed =
+            outbox::claim(client, &db.schema, self.cfg.batch, self.up_to_seq, reach).await?;
+        self.reach_next =
+            (claimed.len() as i64) < self.cfg.batch || claimed.iter().any(|c| c.reached);
         if claimed.is_empty() {
             outbox::rollback(client).await?;
             return Ok(BatchReport::default());
@@ -286,14 +306,20 @@ impl Relay {
             .iter()
             .filter(|s| matches!(s, Settle::Delivered))
             .count();
-        if let Err(e) = outbox::settle(client, &db.schema, &claimed, &settled).await {
+        if let Err(failed) = outbox::settle(client, &db.schema, &claimed, &settled).await {
             if delivered > 0 {
+                // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
                 warn!(
-                    "could not record {delivered} delivered events ({}); they will be published again",
-                    db::reason(&e)
+                    "could not record {delivered} delivered events ({}); {}",
+                    db::reason(&failed.error),
+                    if failed.outcome_unknown {
+                        "the commit's outcome is unknown: they may be published again"
+                    } else {
+                        "they will be published again"
+                    }
                 );
             }
-            return Err(e.into());
+            return Err(failed.error.into());
         }
         publisher.report_failures(&claimed, &settled);
         self.metrics.settled(&claimed, &settled);

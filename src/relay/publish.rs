@@ -7,8 +7,13 @@
 //! run at once. With `parallel` = 1 there is one lane holding the whole batch, so events leave
 //! in creation order across aggregates too (what the stdout sink promises); otherwise each
 //! aggregate is a lane of its own and different aggregates proceed concurrently.
+//!
+//! One chain's failure never holds the others back: a refusal stops only its aggregate. An
+//! unreachable sink ([`DeliveryError::Unavailable`]) stops the whole batch — and backs the relay
+//! off — only while nothing in the batch has got through; once some delivery was answered, an
+//! unreachable moment stops only the aggregate it hit (left untouched, no attempt charged).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
 use futures_util::StreamExt;
@@ -32,6 +37,7 @@ impl Publisher<'_> {
     /// why (everything not yet confirmed is then left untouched).
     pub async fn publish(&self, claimed: &[Claimed]) -> (Vec<Settle>, Option<String>) {
         let down: RefCell<Option<String>> = RefCell::new(None);
+        let answered = Cell::new(false);
         let mut settled = vec![Settle::Untouched; claimed.len()];
         let lanes = if self.parallel == 1 {
             vec![(0..claimed.len()).collect()]
@@ -39,7 +45,7 @@ impl Publisher<'_> {
             chains(claimed)
         };
         let results: Vec<Vec<(usize, Settle)>> = futures_util::stream::iter(lanes)
-            .map(|lane| self.run_lane(lane, claimed, &down))
+            .map(|lane| self.run_lane(lane, claimed, &down, &answered))
             .buffer_unordered(self.parallel.max(1))
             .collect()
             .await;
@@ -65,6 +71,7 @@ impl Publisher<'_> {
         lane: Vec<usize>,
         claimed: &[Claimed],
         down: &RefCell<Option<String>>,
+        answered: &Cell<bool>,
     ) -> Vec<(usize, Settle)> {
         let mut stopped: HashSet<(&str, &str)> = HashSet::new();
         let mut out = Vec::with_capacity(lane.len());
@@ -80,7 +87,7 @@ impl Publisher<'_> {
             if stopped.contains(&key) {
                 continue;
             }
-            let s = self.deliver_one(c, down).await;
+            let s = self.deliver_one(c, down, answered).await;
             if !matches!(s, Settle::Delivered) {
                 stopped.insert(key);
             }
@@ -89,22 +96,41 @@ impl Publisher<'_> {
         out
     }
 
-    async fn deliver_one(&self, c: &Claimed, down: &RefCell<Option<String>>) -> Settle {
+    /// Delivers one event. `answered` records that some delivery of the batch got an answer
+    /// (delivered or refused): from then on an unreachable sink stops only this aggregate.
+    async fn deliver_one(
+        &self,
+        c: &Claimed,
+        down: &RefCell<Option<String>>,
+        answered: &Cell<bool>,
+    ) -> Settle {
         if c.blocked {
             return Settle::Untouched;
         }
         match self.sink.deliver(&c.event).await {
-            Ok(()) => Settle::Delivered,
+            Ok(()) => {
+                answered.set(true);
+                Settle::Delivered
+            }
             Err(DeliveryError::Unavailable(msg)) => {
-                down.borrow_mut().get_or_insert(msg);
+                if answered.get() {
+                    info!(
+                        "event {} ({} {}): {msg}; left for the next batch, no attempt charged",
+                        c.event.id, c.event.aggregate_type, c.event.aggregate_id
+                    );
+                } else {
+                    down.borrow_mut().get_or_insert(msg);
+                }
                 Settle::Untouched
             }
             Err(DeliveryError::Rejected(error)) => {
+                answered.set(true);
                 let attempt = c.attempts.saturating_add(1);
                 Settle::Failed {
                     error,
                     retry_in: retry_delay(attempt, fastrand::f64()),
                     dead: attempt >= self.max_attempts,
+                    refused_at: std::time::Instant::now(),
                 }
             }
         }
@@ -117,6 +143,7 @@ impl Publisher<'_> {
                 error,
                 retry_in,
                 dead,
+                ..
             } = s
             else {
                 continue;

@@ -38,14 +38,23 @@ const HELD: &str = "(dead_at IS NOT NULL OR next_attempt_at > created_at)";
 /// Of the [`HELD`] events, those still holding their aggregate up now.
 const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 
+/// An outbox event's aggregate as indexes see it: a 64-bit hash of `(aggregate_type,
+/// aggregate_id)`, 8 bytes whatever the key's length (a btree entry must fit in 2,704 bytes).
+/// **Exactly** the expression of the indexes of migrations/0007_relay_faults.sql; a lookup
+/// compares it and then the columns themselves (a collision costs a recheck, nothing else).
+/// `{agg_key:b}` is it for alias `b`, `{agg_key:o}` for alias `o`.
+const AGG_KEY: &str = "hashtextextended(A.aggregate_id, hashtextextended(A.aggregate_type, 0))";
+
 /// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
-/// `{held}`, `{held_now}`, then `{s}` as the quoted schema.
+/// `{held}`, `{held_now}`, `{agg_key:b}` / `{agg_key:o}`, then `{s}` as the quoted schema.
 fn sql(schema: &Schema, template: &str) -> String {
     schema.sql(
         &template
             .replace("{expired}", EXPIRED)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
             .replace("{held}", HELD)
-            .replace("{held_now}", HELD_NOW),
+            .replace("{held_now}", HELD_NOW)
+            .replace("{agg_key:b}", &AGG_KEY.replace("A.", "b."))
+            .replace("{agg_key:o}", &AGG_KEY.replace("A.", "o.")),
     )
 }

@@ -10,14 +10,20 @@
 //! 1. a window of the oldest events (`--batch` × 2) of aggregates that are not *blocked* — whose
 //!    events are neither dead nor waiting out a retry (the `outbox_held` partial index makes that
 //!    one probe) — so a dead aggregate never holds up the others;
-//! 2. the first event of each aggregate in that window, kept only if no older event of the
+//! 2. if that window holds fewer than `--batch` aggregates (a burst on one aggregate, say, or
+//!    aggregates whose heads other relays hold), a second window just past it, of the events of
+//!    the aggregates the first does not hold, looking up to 100 windows ahead: so the claim
+//!    reaches past a busy or locked aggregate to the heads of others (issue 12 §5.2: 3,000
+//!    events of one aggregate ahead of 1,000 others kept the others waiting, and two of three
+//!    relays idle);
+//! 3. the first event of each aggregate in those windows, kept only if no older event of the
 //!    aggregate exists, and locked `FOR UPDATE SKIP LOCKED`: a head another relay holds is
 //!    skipped, and with it its whole aggregate;
-//! 3. the window's events of the aggregates whose head was locked, the `--batch` oldest of
-//!    them. The window is a `seq`-ordered prefix of the unblocked events, so each aggregate's
-//!    events in it run contiguously from its head: each aggregate contributes a prefix of its
-//!    chain, head first;
-//! 4. those rows are deleted, which locks them until the transaction ends.
+//! 4. the windows' events of the aggregates whose head was locked, `--batch` of them: every
+//!    head first, then the rest by `seq`. Each window is a `seq`-ordered run of the
+//!    unblocked events of its aggregates, so each aggregate's events in it run contiguously
+//!    from its head: each aggregate contributes a prefix of its chain, head first;
+//! 5. those rows are deleted, which locks them until the transaction ends.
 //!
 //! A second relay cannot take any event of an aggregate this relay is working on: the head is
 //! locked, and every later event has an older event (the head) still visible to it until this
@@ -70,10 +76,18 @@ pub struct Event {
 /// How many of the oldest events the claim looks at, per event it may return.
 const WINDOW_FACTOR: i64 = 2;
 
+/// How far past the window the claim looks for other aggregates' heads when the window holds
+/// fewer than `--batch` aggregates, in windows: a burst of up to this many windows' events on a
+/// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it. The look
+/// costs a scan of up to that many rows, so the relay asks for it ([`claim`]'s `reach`) only
+/// when it may find something: see `Relay::batch`.
+const REACH_FACTOR: i64 = 100;
+
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
-/// `$3` = highest `seq` to consider (`--once` stops at what existed when it started).
+/// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
+/// many events past the window to look through for other aggregates' heads.
 const CLAIM: &str = "
-WITH win AS MATERIALIZED (
+WITH win1 AS MATERIALIZED (
     SELECT o.seq, o.aggregate_type, o.aggregate_id
       FROM {s}.outbox o
      WHERE o.seq <= $3
@@ -85,6 +99,29 @@ WITH win AS MATERIALIZED (
              WHERE {held} AND {held_now})
      ORDER BY o.seq
      LIMIT $2
+), win2 AS MATERIALIZED (
+    -- Only when the window holds fewer than $1 aggregates (a burst on a few, or a few whose
+    -- heads other relays hold): the events just past it of the aggregates it does not hold.
+    -- The condition refers to nothing of this scan, so it is a one-time filter: otherwise the
+    -- scan never runs. An aggregate absent from the window has all its events past it, so the
+    -- first of its events seen here is its head, and its events here a prefix of its chain.
+    SELECT p.seq, p.aggregate_type, p.aggregate_id
+      FROM (SELECT o.seq, o.aggregate_type, o.aggregate_id
+              FROM {s}.outbox o
+             WHERE o.seq <= $3 AND o.seq > (SELECT coalesce(max(seq), 0) FROM win1)
+             ORDER BY o.seq
+             LIMIT $4) p
+     WHERE $4 > 0
+       AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
+       AND (p.aggregate_type, p.aggregate_id) NOT IN (
+            SELECT aggregate_type, aggregate_id FROM win1)
+       AND (p.aggregate_type, p.aggregate_id) NOT IN (
+            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
+             WHERE {held} AND {held_now})
+     ORDER BY p.seq
+     LIMIT $2
+), win AS (
+    SELECT * FROM win1 UNION ALL SELECT * FROM win2
 ), firsts AS (
     SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id
 ), heads AS (
@@ -95,17 +132,20 @@ WITH win AS MATERIALIZED (
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
+    -- Every head first, then the rest by seq: one long chain cannot fill the batch while other
+    -- aggregates wait, and each aggregate still contributes a prefix of its chain.
     SELECT w.seq
       FROM win w
       JOIN heads h ON h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id
-     ORDER BY w.seq
+     ORDER BY w.seq = h.seq DESC, w.seq
      LIMIT $1
 )
 DELETE FROM {s}.outbox o
  WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
 RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text AS payload,
           o.created_at, o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
-          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked";
+          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
+          o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
 
 /// A claimed event: what the sink gets, plus the bookkeeping needed to put it back unchanged.
 #[derive(Debug, Clone)]
@@ -120,6 +160,8 @@ pub struct Claimed {
     /// Dead or not yet due: claimed only because it sits behind a head that is due (possible
     /// only when commit order differed from `seq` order). Never published in this batch.
     pub blocked: bool,
+    /// Found past the window (step 2 of the claim), behind a busy or locked aggregate.
+    pub reached: bool,
 }
 
 impl Claimed {
@@ -154,6 +196,7 @@ impl Claimed {
             last_error: r.get("last_error"),
             dead_at: r.get("dead_at"),
             blocked: r.get("blocked"),
+            reached: r.get("reached"),
         }
     }
 }
@@ -227,20 +270,28 @@ const BEGIN_CLAIM: &str = "BEGIN;
     SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
 /// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
-/// out together (one round trip). On error the transaction is rolled back. The caller ends it
-/// with [`settle`] or [`rollback`].
+/// out together (one round trip). With `reach`, the claim may look past its window for other
+/// aggregates' heads (step 2 of the module documentation). On error the transaction is rolled
+/// back. The caller ends it with [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
     batch: i64,
     up_to_seq: i64,
+    reach: bool,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let window = batch.saturating_mul(WINDOW_FACTOR);
+    let reach = if reach {
+        window.saturating_mul(REACH_FACTOR)
+    } else {
+        0
+    };
     let claim = sql(schema, CLAIM);
-    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+    let params: [(&(dyn ToSql + Sync), Type); 4] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
         (&up_to_seq, Type::INT8),
+        (&reach, Type::INT8),
     ];
     let (begun, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
@@ -264,6 +315,16 @@ pub async fn rollback(client: &Client) -> Result<(), tokio_postgres::Error> {
     client.batch_execute("ROLLBACK").await
 }
 
+/// Why a batch could not be settled, and whether its transaction may have committed all the
+/// same.
+#[derive(Debug)]
+pub struct SettleFailed {
+    pub error: tokio_postgres::Error,
+    /// The COMMIT went out and no answer came back (the connection broke): the transaction may
+    /// have committed or not, and nobody can tell which. Otherwise it certainly rolled back.
+    pub outcome_unknown: bool,
+}
+
 /// Ends a batch's transaction: puts back what was not delivered ([`restore`]) and commits, which
 /// makes the delivered events' deletion final. On error the transaction is rolled back.
 pub async fn settle(
@@ -271,16 +332,24 @@ pub async fn settle(
     schema: &Schema,
     claimed: &[Claimed],
     settled: &[Settle],
-) -> Result<(), tokio_postgres::Error> {
-    let finish = async {
-        restore(client, schema, claimed, settled).await?;
-        client.batch_execute("COMMIT").await
+) -> Result<(), SettleFailed> {
+    let failed = match restore(client, schema, claimed, settled).await {
+        Err(error) => SettleFailed {
+            error,
+            outcome_unknown: false,
+        },
+        Ok(_) => match client.batch_execute("COMMIT").await {
+            Ok(()) => return Ok(()),
+            Err(error) => SettleFailed {
+                // An error answered by the server means it rolled back; anything else (the
+                // connection closed, a timeout) may have come after the commit went through.
+                outcome_unknown: error.as_db_error().is_none(),
+                error,
+            },
+        },
     };
-    let result = finish.await;
-    if result.is_err() {
-        let _ = rollback(client).await;
-    }
-    result
+    let _ = rollback(client).await;
+    Err(failed)
 }
 
 /// Vacuums the outbox so it and its indexes stay small after heavy draining. Returns `false`,
@@ -318,71 +387,147 @@ pub enum Settle {
     /// Not attempted (or the sink was unreachable): put back exactly as it was.
     Untouched,
     /// Refused by the sink: put back with one more attempt, the error, and either the time of
-    /// the next attempt (`retry_in`) or, with `dead`, marked dead.
+    /// the next attempt (`retry_in` after `refused_at`) or, with `dead`, marked dead.
     Failed {
         error: String,
         retry_in: Duration,
         dead: bool,
+        /// When the refusal came: the backoff runs from here, not from the batch's start.
+        refused_at: std::time::Instant,
     },
+}
+
+/// One event to put back: the claimed row and what to change.
+struct PutBack<'a> {
+    c: &'a Claimed,
+    attempts: i32,
+    last_error: Option<String>,
+    retry_in_ms: Option<i64>,
+    die: bool,
+}
+
+impl<'a> PutBack<'a> {
+    /// The event as it was claimed: nothing charged.
+    fn untouched(c: &'a Claimed) -> PutBack<'a> {
+        PutBack {
+            c,
+            attempts: c.attempts,
+            last_error: c.last_error.clone(),
+            retry_in_ms: None,
+            die: false,
+        }
+    }
 }
 
 /// Puts back every claimed event that was not delivered, inside the claim's transaction, with
 /// its original `seq`, `id` and `created_at`. Returns how many were put back.
+///
+/// No event can take the others down with it (issue 12 §5.3): the put-back is one statement
+/// inside a savepoint, and should PostgreSQL refuse it (a constraint or index an application
+/// added, say), each event is put back on its own, in a savepoint of its own; one that is still
+/// refused goes back *as it was claimed* (nothing charged), which the table held a moment ago.
+/// Only if even that fails does the batch roll back (an error is returned), so nothing is ever
+/// lost.
 async fn restore(
     client: &Client,
     schema: &Schema,
     claimed: &[Claimed],
     settled: &[Settle],
 ) -> Result<u64, tokio_postgres::Error> {
-    let mut seq = Vec::new();
-    let mut id = Vec::new();
-    let mut aggregate_type = Vec::new();
-    let mut aggregate_id = Vec::new();
-    let mut event_type = Vec::new();
-    let mut payload = Vec::new();
-    let mut created_at = Vec::new();
-    let mut attempts = Vec::new();
-    let mut next_attempt_at = Vec::new();
-    let mut retry_in_ms: Vec<Option<i64>> = Vec::new();
-    let mut last_error = Vec::new();
-    let mut dead_at = Vec::new();
-    let mut die = Vec::new();
+    let mut rows = Vec::new();
     for (c, s) in claimed.iter().zip(settled) {
-        let (tries, error, retry, dies) = match s {
+        rows.push(match s {
             Settle::Delivered => continue,
-            Settle::Untouched => (c.attempts, c.last_error.clone(), None, false),
+            Settle::Untouched => PutBack::untouched(c),
             Settle::Failed {
                 error,
                 retry_in,
                 dead,
-            } => (
-                c.attempts.saturating_add(1),
-                Some(error.clone()),
-                Some(ms(*retry_in)),
-                *dead,
-            ),
-        };
-        seq.push(c.event.seq);
-        id.push(c.event.id);
-        aggregate_type.push(c.event.aggregate_type.as_str());
-        aggregate_id.push(c.event.aggregate_id.as_str());
-        event_type.push(c.event.event_type.as_str());
-        payload.push(c.payload.as_str());
-        created_at.push(c.created_at);
-        attempts.push(tries);
-        next_attempt_at.push(c.next_attempt_at);
-        retry_in_ms.push(retry);
-        last_error.push(error);
-        dead_at.push(c.dead_at);
-        die.push(dies);
+                refused_at,
+            } => PutBack {
+                c,
+                attempts: c.attempts.saturating_add(1),
+                last_error: Some(error.clone()),
+                // Measured on the database's clock (clock_timestamp(), the moment of the
+                // put-back), less what has passed since the refusal on ours: `now()` is the
+                // transaction's start, so a slow refusal or a long batch used up the backoff
+                // before it began (issue 12 §5.4).
+                retry_in_ms: Some(ms(retry_in.saturating_sub(refused_at.elapsed()))),
+                die: *dead,
+            },
+        });
     }
-    if seq.is_empty() {
+    if rows.is_empty() {
         return Ok(0);
     }
     // Restored events were already announced; skip the NOTIFY trigger for them.
     client
-        .batch_execute("SET LOCAL leasectl.outbox_notified = 'on'")
+        .batch_execute("SET LOCAL leasectl.outbox_notified = 'on'; SAVEPOINT leasectl_restore")
         .await?;
+    let all = match put_back(client, schema, &rows).await {
+        Ok(n) => {
+            client.batch_execute("RELEASE leasectl_restore").await?;
+            return Ok(n);
+        }
+        Err(e) => e,
+    };
+    if all.as_db_error().is_none() {
+        return Err(all);
+    }
+    client.batch_execute("ROLLBACK TO leasectl_restore").await?;
+    let mut n = 0;
+    for row in &rows {
+        client
+            .batch_execute("SAVEPOINT leasectl_restore_one")
+            .await?;
+        match put_back(client, schema, std::slice::from_ref(row)).await {
+            Ok(k) => n += k,
+            Err(refused) if refused.as_db_error().is_some() => {
+                client
+                    .batch_execute("ROLLBACK TO leasectl_restore_one")
+                    .await?;
+                let e = &row.c.event;
+                warn!(
+                    "cannot record the outcome of event {} ({} {}): {}; it goes back as it was, without this attempt",
+                    e.id,
+                    crate::fmt::one_line(&e.aggregate_type, 60),
+                    crate::fmt::one_line(&e.aggregate_id, 60),
+                    crate::db::reason(&refused)
+                );
+                n += put_back(client, schema, &[PutBack::untouched(row.c)]).await?;
+            }
+            Err(e) => return Err(e),
+        }
+        client.batch_execute("RELEASE leasectl_restore_one").await?;
+    }
+    Ok(n)
+}
+
+/// One `INSERT … SELECT FROM unnest(…)` of `rows`: the put-back statement.
+async fn put_back(
+    client: &Client,
+    schema: &Schema,
+    rows: &[PutBack<'_>],
+) -> Result<u64, tokio_postgres::Error> {
+    let seq: Vec<i64> = rows.iter().map(|r| r.c.event.seq).collect();
+    let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.c.event.id).collect();
+    let aggregate_type: Vec<&str> = rows
+        .iter()
+        .map(|r| r.c.event.aggregate_type.as_str())
+        .collect();
+    let aggregate_id: Vec<&str> = rows
+        .iter()
+        .map(|r| r.c.event.aggregate_id.as_str())
+        .collect();
+    let event_type: Vec<&str> = rows.iter().map(|r| r.c.event.event_type.as_str()).collect();
+    let payload: Vec<&str> = rows.iter().map(|r| r.c.payload.as_str()).collect();
+    let created_at: Vec<SystemTime> = rows.iter().map(|r| r.c.created_at).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempts).collect();
+    let next_attempt_at: Vec<SystemTime> = rows.iter().map(|r| r.c.next_attempt_at).collect();
+    let retry_in_ms: Vec<Option<i64>> = rows.iter().map(|r| r.retry_in_ms).collect();
+    let last_error: Vec<Option<&str>> = rows.iter().map(|r| r.last_error.as_deref()).collect();
+    let dead_at: Vec<Option<SystemTime>> = rows.iter().map(|r| r.c.dead_at).collect();
+    let die: Vec<bool> = rows.iter().map(|r| r.die).collect();
     let sql = sql(
         schema,
         "INSERT INTO {s}.outbox (seq, id, aggregate_type, aggregate_id, type, payload, created_at,
@@ -390,9 +535,9 @@ async fn restore(
          OVERRIDING SYSTEM VALUE
          SELECT seq, id, aggregate_type, aggregate_id, type, payload::jsonb, created_at, attempts,
                 CASE WHEN retry_in_ms IS NULL THEN next_attempt_at
-                     ELSE now() + retry_in_ms * interval '1 millisecond' END,
+                     ELSE clock_timestamp() + retry_in_ms * interval '1 millisecond' END,
                 last_error,
-                CASE WHEN die THEN now() ELSE dead_at END
+                CASE WHEN die THEN clock_timestamp() ELSE dead_at END
            FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int4[], $9::timestamptz[], $10::int8[], $11::text[],
                        $12::timestamptz[], $13::bool[])
@@ -524,6 +669,7 @@ pub async fn list(
                 o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
                 EXISTS (SELECT 1 FROM {s}.outbox b
                          WHERE {held}
+                           AND {agg_key:b} = {agg_key:o}
                            AND b.seq < o.seq
                            AND b.aggregate_type = o.aggregate_type
                            AND b.aggregate_id = o.aggregate_id
@@ -608,6 +754,52 @@ pub async fn retry(client: &Client, schema: &Schema, which: RetryWhich) -> Resul
         .await
         .context("cannot re-queue the events")?;
     Ok(u64::try_from(row.get::<_, i64>("n")).unwrap_or(0))
+}
+
+/// True when a relay's batch holds the event right now (it is being delivered: its row is
+/// locked by the batch's transaction), so that `outbox retry` can say so before waiting for it.
+pub async fn in_a_batch(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
+    let probe = client
+        .query_typed(
+            &sql(
+                schema,
+                "SELECT 1 FROM {s}.outbox WHERE id = $1 FOR UPDATE NOWAIT",
+            ),
+            &[(&id, Type::UUID)],
+        )
+        .await;
+    match probe {
+        Ok(_) => Ok(false),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+            Ok(true)
+        }
+        Err(e) => Err(e).context("cannot read the outbox"),
+    }
+}
+
+/// [`retry`] of one event, also when a relay's batch holds it: the UPDATE then waits for the
+/// batch, and if the batch put the event back (refused, or not reached) the row it waited for
+/// is gone and the put-back one is new to the statement's snapshot — so it is looked up again,
+/// a few times, rather than reporting "no event" for an event that is still there, retrying
+/// (issue 12 §5.5). Returns whether it was re-queued; `false` means it is gone (delivered or
+/// discarded).
+pub async fn retry_one(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
+    for _ in 0..5 {
+        if retry(client, schema, RetryWhich::One(id)).await? > 0 {
+            return Ok(true);
+        }
+        let exists = client
+            .query_typed_opt(
+                &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
+                &[(&id, Type::UUID)],
+            )
+            .await
+            .context("cannot read the outbox")?;
+        if exists.is_none() {
+            return Ok(false);
+        }
+    }
+    Ok(false)
 }
 
 /// A discarded event, in its published form, and whether it was dead.

@@ -172,7 +172,7 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,8"
+        "1,2,3,7,8"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
@@ -181,8 +181,11 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     );
 }
 
-/// Takes a current schema back to version 2 (what migration 0003 adds, removed).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 3;
+/// Takes a current schema back to version 2 (what migrations 0007 and 0003 add, removed).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version IN (3, 7);
+     DROP INDEX outbox_held;
+     CREATE INDEX outbox_held ON outbox (aggregate_type, aggregate_id)
+         WHERE dead_at IS NOT NULL OR next_attempt_at > created_at;
      DROP TABLE expectations, incidents; DROP INDEX runs_target_slot;
      ALTER TABLE runs DROP COLUMN slot, DROP COLUMN slot_end, DROP COLUMN done_by, DROP COLUMN events,
                       DROP CONSTRAINT runs_outcome_check;
@@ -206,7 +209,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,8"
+        "1,2,3,7,8"
     );
     assert_eq!(
         env.scalar(&format!(

@@ -29,6 +29,7 @@ mod pooler;
 mod privileges;
 mod relay;
 mod relay_backlog;
+mod relay_faults;
 mod relay_sinks;
 mod relay_wake;
 mod release;

@@ -36,10 +36,10 @@ fn runtime() -> tokio::runtime::Runtime {
 // The relay.
 
 /// A continuous `leasectl -v relay ARGS…`, killed if the test ends without stopping it.
-struct Relay(Option<Watched>);
+pub(crate) struct Relay(Option<Watched>);
 
 impl Relay {
-    fn spawn(env: &Env, args: &[&str]) -> Relay {
+    pub(crate) fn spawn(env: &Env, args: &[&str]) -> Relay {
         let child = env
             .command()
             .arg("-v")
@@ -56,16 +56,16 @@ impl Relay {
         self.0.as_ref().unwrap()
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.watched().stderr()
     }
 
-    fn wait_for_stderr(&self, needle: &str) {
+    pub(crate) fn wait_for_stderr(&self, needle: &str) {
         self.watched().wait_for_stderr(needle);
     }
 
     /// SIGTERM, then the relay's output once it exited.
-    fn stop(mut self) -> Output {
+    pub(crate) fn stop(mut self) -> Output {
         let watched = self.0.take().unwrap();
         kill(watched.child.id(), libc::SIGTERM);
         watched.finish()
@@ -360,7 +360,7 @@ fn relay_to_jetstream_stores_every_event_once_even_when_a_batch_is_republished()
 
 /// A [`Peer`] serving from a thread of its own (with its own runtime), so that the test thread
 /// can block on leasectl; stopped when dropped.
-struct Webhook {
+pub(crate) struct Webhook {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<Request>>>,
     answer: Arc<Mutex<Answer>>,
@@ -371,7 +371,7 @@ struct Webhook {
 type PeerHandles = (SocketAddr, Arc<Mutex<Vec<Request>>>, Arc<Mutex<Answer>>);
 
 impl Webhook {
-    fn start(answer: Answer) -> Webhook {
+    pub(crate) fn start(answer: Answer) -> Webhook {
         Webhook::start_at("127.0.0.1:0".parse().unwrap(), answer)
     }
 
@@ -397,20 +397,20 @@ impl Webhook {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}/hook", self.addr)
     }
 
-    fn set(&self, answer: Answer) {
+    pub(crate) fn set(&self, answer: Answer) {
         *self.answer.lock().unwrap() = answer;
     }
 
     /// Every request so far, in arrival order.
-    fn requests(&self) -> Vec<Request> {
+    pub(crate) fn requests(&self) -> Vec<Request> {
         self.requests.lock().unwrap().clone()
     }
 
-    fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.requests.lock().unwrap().len()
     }
 }
@@ -426,21 +426,21 @@ impl Drop for Webhook {
     }
 }
 
-fn no_content() -> Answer {
+pub(crate) fn no_content() -> Answer {
     status(204, "No Content", "")
 }
 
-fn server_error() -> Answer {
+pub(crate) fn server_error() -> Answer {
     status(500, "Internal Server Error", "")
 }
 
-fn key(r: &Request) -> String {
+pub(crate) fn key(r: &Request) -> String {
     r.header("idempotency-key")
         .expect("no Idempotency-Key")
         .to_owned()
 }
 
-fn body(r: &Request) -> Value {
+pub(crate) fn body(r: &Request) -> Value {
     serde_json::from_slice(&r.body).unwrap()
 }
 

@@ -92,6 +92,10 @@ pub(crate) enum Answer {
     Silence,
     /// Reads the request, then closes the connection without a word.
     Hangup,
+    /// Reads the request, then resets the connection (RST: SO_LINGER 0, then close).
+    Reset,
+    /// Waits this long after reading the request, then answers as the inner answer says.
+    Late(Duration, Box<Answer>),
     /// Decided per request, from the request and its index among every request the peer has
     /// read (0 for the first): say, failing the first few, or refusing one aggregate's events.
     By(Decide),
@@ -197,8 +201,15 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
             log.len() - 1
         };
         let mut answer = answer.lock().unwrap().clone();
-        while let Answer::By(decide) = answer {
-            answer = decide(&request, index);
+        loop {
+            match answer {
+                Answer::By(decide) => answer = decide(&request, index),
+                Answer::Late(delay, inner) => {
+                    tokio::time::sleep(delay).await;
+                    answer = *inner;
+                }
+                _ => break,
+            }
         }
         match answer {
             Answer::Status {
@@ -218,7 +229,13 @@ async fn serve(mut socket: TcpStream, log: Arc<Mutex<Vec<Request>>>, answer: Arc
             }
             Answer::Silence => std::future::pending::<()>().await,
             Answer::Hangup => return,
-            Answer::By(_) => unreachable!("resolved above"),
+            Answer::Reset => {
+                // Linger 0 never blocks: the close sends RST at once.
+                #[allow(deprecated)]
+                let _ = socket.set_linger(Some(Duration::ZERO));
+                return;
+            }
+            Answer::By(_) | Answer::Late(..) => unreachable!("resolved above"),
         }
     }
 }
@@ -431,14 +448,21 @@ fn http_unknown_host_is_unavailable() {
 }
 
 #[test]
-fn http_hangup_before_the_response_is_unavailable() {
-    runtime().block_on(async {
-        let peer = Peer::start(Answer::Hangup).await;
-        let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.contains("failed before a response"), "{m}");
-        assert_eq!(peer.requests().len(), 1);
-    });
+fn http_hangup_or_reset_after_the_request_is_this_events_refusal() {
+    // The request went out: the connection dropped on this event is this event's failure
+    // (charged), not an unreachable sink (which would back off every aggregate).
+    for answer in [Answer::Hangup, Answer::Reset] {
+        runtime().block_on(async {
+            let peer = Peer::start(answer).await;
+            let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
+            let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+            assert!(
+                m.contains("the request was sent but the connection failed"),
+                "{m}"
+            );
+            assert_eq!(peer.requests().len(), 1);
+        });
+    }
 }
 
 #[test]

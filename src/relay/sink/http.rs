@@ -18,14 +18,17 @@
 //! How failures are classified (see [`super::DeliveryError`]):
 //!
 //! * **Rejected** (costs the event an attempt): any non-2xx status, including 3xx; no complete
-//!   answer within `--timeout` (the whole exchange: connect, send, response head and body).
-//! * **Unavailable** (no attempt counted; the relay backs off): anything that went wrong before
-//!   a response arrived and is not the overall timeout — DNS failure, connection refused, connect
-//!   timeout, TLS handshake failure, the connection reset or closed before a response. None of
-//!   these says anything about the event, and a webhook that is down or restarting must not kill
-//!   events. (The flip side: a receiver that crashes on one particular event leaves that event
-//!   pending — never dead — and its aggregate blocked until the operator steps in; other
-//!   aggregates are unaffected.)
+//!   answer within `--timeout` (the whole exchange: connect, send, response head and body); the
+//!   request was sent and the connection was then reset or closed before a response. The last
+//!   one is the receiver's answer to *this* event as far as the relay can tell (a receiver that
+//!   crashes or drops the connection on one particular event): the event is charged and backs
+//!   off on its own schedule, and after `--max-attempts` it is dead, while other aggregates go
+//!   on. Counting it as an outage instead backed the whole relay off for one event's sake, for
+//!   ever (issue 12 §5.1). A receiver restarting mid-request costs the requests in flight one
+//!   attempt each, retried after a second.
+//! * **Unavailable** (no attempt counted; the relay backs off): the sink could not be reached —
+//!   DNS failure, connection refused, connect timeout, TLS handshake failure. None of these says
+//!   anything about the event, and a webhook that is down must not kill events.
 //!
 //! Connecting has its own, shorter limit (`connect_timeout`) so that an unreachable host is
 //! reported as unavailable rather than running into the overall timeout, which would count as a
@@ -182,11 +185,10 @@ impl Http {
             // Our request could not be built for this event; retrying will not help it.
             DeliveryError::Rejected(format!("cannot build the request: {cause}"))
         } else {
-            // Connected, but the connection failed before a response: reset, closed, or the
-            // peer does not speak HTTP. Not this event's fault.
-            DeliveryError::Unavailable(format!(
-                "connection to {} failed before a response: {cause}",
-                self.shown
+            // Connected and (at least partly) sent, then reset or closed before a response, or
+            // the peer does not speak HTTP: this event's failure (see the module documentation).
+            DeliveryError::Rejected(format!(
+                "the request was sent but the connection failed before a response: {cause}"
             ))
         }
     }

@@ -10,10 +10,13 @@
 //!
 //! * [`DeliveryError::Rejected`]: the sink answered and refused *this event* (HTTP non-2xx, a
 //!   broker nack or an unroutable message, a command that exited non-zero, no confirmation
-//!   within `--timeout`). It costs the event an attempt; after `--max-attempts` it is dead.
+//!   within `--timeout`, a webhook request sent and then answered by a reset). It costs the
+//!   event an attempt; after `--max-attempts` it is dead.
 //! * [`DeliveryError::Unavailable`]: the sink could not be reached at all (connection refused or
-//!   lost). No attempt is counted — a broker outage must not kill events — and the relay backs
-//!   off and tries again later. Sinks reconnect lazily on the next `deliver`.
+//!   lost). No attempt is counted — a broker outage must not kill events. If nothing in the
+//!   batch got through, the relay backs off and tries again later; if other deliveries of the
+//!   batch did get through, only the aggregate concerned stops for this batch
+//!   ([`crate::relay::publish`]). Sinks reconnect lazily on the next `deliver`.
 
 // The network sinks are Cargo features, on by default: `--no-default-features` builds a smaller
 // binary without lapin, async-nats and reqwest (stdout and exec: remain), e.g. for cron hosts
