@@ -352,28 +352,30 @@ impl Amqp {
         };
         let mut clean = false;
         if let Some(channel) = &channel {
-            let mut pending = futures_util::stream::FuturesUnordered::new();
-            for (i, w) in group.iter().enumerate() {
-                let published = tokio::time::timeout_at(
-                    deadline,
-                    channel.basic_publish(
-                        link.exchange.clone(),
-                        w.routing_key.clone(),
-                        BasicPublishOptions {
-                            mandatory: true,
-                            immediate: false,
-                        },
-                        &w.body,
-                        w.properties.clone(),
-                    ),
-                )
-                .await;
-                match published {
-                    Ok(Ok(confirm)) => pending.push(async move { (i, confirm.await) }),
-                    Ok(Err(e)) => outcomes[i] = Some(Outcome::Failed(e)),
-                    Err(_elapsed) => outcomes[i] = Some(Outcome::TimedOut),
-                }
-            }
+            // All publications are started at once: each `basic_publish` waits for lapin's I/O
+            // loop to have written its frames, and waiting for those one after another would
+            // cost a thread round trip per event. Their order does not matter: a group holds at
+            // most one event per aggregate.
+            let mut pending: futures_util::stream::FuturesUnordered<_> = group
+                .iter()
+                .map(|w| async move {
+                    let confirm = channel
+                        .basic_publish(
+                            link.exchange.clone(),
+                            w.routing_key.clone(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                immediate: false,
+                            },
+                            &w.body,
+                            w.properties.clone(),
+                        )
+                        .await?;
+                    confirm.await
+                })
+                .enumerate()
+                .map(|(i, published)| async move { (i, published.await) })
+                .collect();
             let waited = tokio::time::timeout_at(deadline, async {
                 while let Some((i, confirmed)) = pending.next().await {
                     outcomes[i] = Some(match confirmed {
