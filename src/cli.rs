@@ -422,7 +422,7 @@ pub struct RelayArgs {
     /// How long one delivery may take: HTTP response, broker confirm, command run
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DUR")]
     pub timeout: Duration,
-    /// Aggregates published at once within a batch [default: 64; exec: 4; stdout: 1]
+    /// Aggregates published at once within a batch [default: 64; amqp, nats: 1024; exec: 4; stdout: 1]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: Option<u16>,
 

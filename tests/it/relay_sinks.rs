@@ -236,6 +236,63 @@ fn relay_to_rabbitmq_without_a_bound_queue_charges_attempts_not_deliveries() {
 }
 
 #[test]
+fn an_unroutable_event_mid_aggregate_holds_back_its_later_events_among_many_in_flight() {
+    let env = migrated();
+    // 400 other aggregates in the same batch, so the refused event's publication shares its
+    // channel with hundreds of others in flight (1000 events per batch, 1024 aggregates at once).
+    insert_events(&env, 400, 400, 1);
+    // Aggregate X: created (routed), then one nobody listens to, then two more routed ones.
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', 'X', t, jsonb_build_object('n', n)
+           FROM unnest(ARRAY['order.created', 'nobody.listens', 'order.paid', 'order.shipped'])
+                WITH ORDINALITY AS u(t, n)
+          ORDER BY n",
+    );
+    let x: Vec<String> = env
+        .sql("SELECT id::text FROM outbox WHERE aggregate_id = 'X' ORDER BY seq")
+        .into_iter()
+        .map(|r| r[0].clone().unwrap())
+        .collect();
+    let rt = runtime();
+    let exchange = unique("leasectl-relay-test-");
+    let (_conn, channel) = rt.block_on(rabbit());
+    let queue = rt.block_on(bound_queue(&channel, &exchange, "order.*"));
+    let _cleanup = ExchangeGuard(exchange.clone());
+
+    let o = env.run(&[
+        "relay",
+        "--once",
+        "--batch",
+        "1000",
+        "--sink",
+        &amqp_sink(&exchange),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("unroutable"), "{}", stderr(&o));
+
+    // Everything else and X's first event arrived; X's later events were never published.
+    let deliveries = rt.block_on(consume(&channel, &queue, 401));
+    let got: HashSet<String> = deliveries.iter().map(message_id).collect();
+    assert!(got.contains(&x[0]), "X's first event was not delivered");
+    for later in &x[1..] {
+        assert!(!got.contains(later), "event {later} of X reached the queue");
+    }
+    // The refused event was charged (a second time if its 1 s retry came due before `--once`
+    // finished); the ones behind it wait, never tried, in the outbox.
+    let rows = env.sql("SELECT id::text, attempts, last_error FROM outbox ORDER BY seq");
+    let left: Vec<&String> = rows.iter().map(|r| r[0].as_ref().unwrap()).collect();
+    assert_eq!(left, x[1..].iter().collect::<Vec<_>>());
+    assert_ne!(rows[0][1].as_deref(), Some("0"));
+    assert!(rows[0][2]
+        .as_deref()
+        .unwrap_or_default()
+        .contains("unroutable"));
+    assert_eq!(rows[1][1].as_deref(), Some("0"));
+    assert_eq!(rows[2][1].as_deref(), Some("0"));
+}
+
+#[test]
 fn sigterm_stops_a_relay_mid_rabbitmq_batch_with_exit_0_and_nothing_lost() {
     let env = migrated();
     insert_events(&env, 10_000, 10, 1);

@@ -379,6 +379,66 @@ fn amqp_unroutable_events_are_rejected_even_among_routable_ones() {
 }
 
 #[test]
+fn amqp_a_thousand_in_flight_each_judged_by_its_own_return() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let queue = bound_queue(&channel, &exchange, "routed.*").await;
+        let sink = amqp_sink(&exchange);
+        // One delivery per aggregate, all at once: the sink publishes them together on one
+        // channel, where lapin pins each return on whichever confirmation resolves next.
+        // Every seventh is unroutable, so returns and acks interleave all through the window.
+        let events: Vec<Event> = (0..1000)
+            .map(|n| {
+                let t = if n % 7 == 3 { "dropped.x" } else { "routed.x" };
+                event(&format!("agg{n}"), n, t)
+            })
+            .collect();
+        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        let mut routed = std::collections::HashSet::new();
+        for (e, r) in events.iter().zip(&results) {
+            if e.event_type.starts_with("routed") {
+                assert_eq!(r, &Ok(()), "event {}", e.seq);
+                routed.insert(e.id.to_string());
+            } else {
+                assert!(
+                    matches!(r, Err(DeliveryError::Rejected(m)) if m.contains("unroutable")),
+                    "event {}: {r:?}",
+                    e.seq
+                );
+            }
+        }
+        // The queue holds exactly the events the sink called delivered.
+        let mut consumer = channel
+            .basic_consume(
+                queue,
+                "".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < routed.len() {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a delivered event never reached the queue")
+                .unwrap()
+                .unwrap();
+            let id = d.properties.message_id().as_ref().unwrap().to_string();
+            assert!(routed.contains(&id), "{id} was not delivered, yet queued");
+            seen.insert(id);
+        }
+        // The sink is still good for the next group.
+        sink.deliver(&event("after", 0, "routed.x")).await.unwrap();
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
 fn amqp_a_nack_is_rejected() {
     run(async {
         let exchange = unique("leasectl-test-");

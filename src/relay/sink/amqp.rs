@@ -20,16 +20,29 @@
 //!   dropped so the next delivery tries again — the operator has to fix it, and no event is
 //!   lost meanwhile. Names starting with `amq.` are reserved to the broker and cannot be
 //!   declared: those are only checked for existence (a passive declaration).
-//! * **One publish in flight per channel.** lapin hands a returned (unroutable) message to the
-//!   *next* confirmation it resolves on that channel — and resolves the confirms of a
-//!   `multiple` ack in hash-map order — so with several publishes in flight on one channel a
-//!   return could be pinned on the wrong event, and an unroutable event would count as
-//!   delivered. Each delivery therefore takes a channel of its own from a small pool (opened
-//!   with `confirm.select` on demand, at most [`MAX_IDLE_CHANNELS`] kept) and gives it back only
-//!   after a clean confirm. RabbitMQ sends `basic.return` before the `basic.ack` of the same
-//!   message, so with one publish outstanding the return on a confirmation is that event's.
-//!   A channel whose confirm timed out is closed rather than reused: its late confirm or return
-//!   must not be read by the next event.
+//! * **Many publishes in flight, judged per group.** Concurrent deliveries (the relay runs one
+//!   per aggregate, up to [`super::Sink::parallelism`] at once) are gathered into a *group*: the
+//!   first delivery to arrive yields once so that the others of the same scheduling pass can
+//!   join, then publishes the whole group on one confirm-mode channel and waits for all of its
+//!   confirms together — a window of hundreds of publishes instead of one per channel. Within a
+//!   group there is at most one event per aggregate (the relay delivers an aggregate's events
+//!   one after another, each only once the previous was confirmed), so an aggregate's later
+//!   event is never published before its earlier one is confirmed: order at the consumer holds
+//!   even when an event is refused.
+//! * **Returns are mapped by message id, not by confirmation.** lapin hands a returned
+//!   (unroutable) message to the *next* confirmation it resolves on that channel — with a
+//!   `multiple` ack in hash-map order, and RabbitMQ may ack out of order — so the return found
+//!   on a confirmation is not necessarily that message's. RabbitMQ sends `basic.return` before
+//!   the `basic.ack` of the same message, so once every confirm of the group has resolved, every
+//!   return of the group's messages sits on one of the group's confirmations (a channel serves
+//!   one group at a time). The group's verdicts are therefore made only then, and a message
+//!   counts as returned when its `message_id` (= the event id) is among the returns collected.
+//!   A channel is reused only after a group whose confirms all resolved; one that timed out or
+//!   failed is closed, so a late confirm or return is never read by the next group.
+//! * **A refusal that closes the channel** (PRECONDITION_FAILED, e.g. a message larger than the
+//!   broker's `max_message_size`) fails every unconfirmed publish of the group alike, without
+//!   saying which message caused it; those events are published again one per channel, so only
+//!   the offending one is charged an attempt.
 //!
 //! Failures, classified as in [`super`]:
 //!
@@ -42,9 +55,13 @@
 //! | no confirm within `--timeout` | `Rejected` — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
 
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::oneshot;
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
@@ -166,6 +183,8 @@ pub struct Amqp {
     /// Failed connection attempts so far: a delivery that waited for the lock while an attempt
     /// failed reports that failure instead of making another attempt.
     failures: AtomicU64,
+    /// The group being formed: deliveries waiting for its leader to publish them.
+    forming: Mutex<Vec<Waiting>>,
 }
 
 #[derive(Default)]
@@ -181,6 +200,33 @@ struct Link {
     idle: Mutex<Vec<Channel>>,
 }
 
+/// One delivery of a group: what to publish, and where its verdict goes.
+struct Waiting {
+    routing_key: ShortString,
+    /// The event id, which is also the message id: how a return is matched to its event.
+    id: String,
+    body: Vec<u8>,
+    properties: BasicProperties,
+    verdict: oneshot::Sender<Result<(), DeliveryError>>,
+}
+
+/// A publication's verdict, or that it must be published again alone: a refusal closed the
+/// channel while several publications were outstanding, so whose message it refused is unknown.
+enum Verdict {
+    Final(Result<(), DeliveryError>),
+    AgainAlone(DeliveryError),
+}
+
+/// What became of one publication of a group, before it is turned into a verdict.
+enum Outcome {
+    /// Boxed: a confirmation may carry a whole returned message.
+    Confirmed(Box<Confirmation>),
+    /// The publication or its confirm failed (the channel or the connection closed).
+    Failed(lapin::Error),
+    /// No confirm before the group's deadline.
+    TimedOut,
+}
+
 impl Amqp {
     pub fn new(spec: Spec, opts: SinkOptions) -> Amqp {
         Amqp {
@@ -188,11 +234,12 @@ impl Amqp {
             opts,
             state: tokio::sync::Mutex::new(State::default()),
             failures: AtomicU64::new(0),
+            forming: Mutex::new(Vec::new()),
         }
     }
 
     /// Publishes `event` and waits for the broker's confirm; see the module documentation for
-    /// how failures are classified.
+    /// how deliveries are grouped and how failures are classified.
     pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
         let routing_key = ShortString::try_new(event.event_type.as_str()).map_err(|_| {
             DeliveryError::Rejected(format!(
@@ -200,82 +247,251 @@ impl Amqp {
                 event.event_type.len()
             ))
         })?;
-        let link = self.link().await?;
-
-        let published = tokio::time::timeout(self.opts.timeout, async {
-            let channel = link.checkout().await?;
-            let confirm = channel
-                .basic_publish(
-                    link.exchange.clone(),
-                    routing_key.clone(),
-                    BasicPublishOptions {
-                        mandatory: true,
-                        immediate: false,
-                    },
-                    event.json.as_bytes(),
-                    properties(event, &routing_key),
-                )
-                .await?
-                .await?;
-            Ok::<_, lapin::Error>((channel, confirm))
+        let (tx, rx) = oneshot::channel();
+        let leader = {
+            let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+            forming.push(Waiting {
+                properties: properties(event, &routing_key),
+                routing_key,
+                id: event.id.to_string(),
+                body: event.json.as_bytes().to_vec(),
+                verdict: tx,
+            });
+            forming.len() == 1
+        };
+        if leader {
+            // Let the deliveries of the same scheduling pass join this group first.
+            tokio::task::yield_now().await;
+            let group =
+                std::mem::take(&mut *self.forming.lock().unwrap_or_else(|e| e.into_inner()));
+            self.publish_group(group).await;
+        }
+        rx.await.unwrap_or_else(|_| {
+            // The leader was dropped mid-group (the relay is stopping): nothing is known.
+            Err(DeliveryError::Unavailable(format!(
+                "{}: the publication was abandoned",
+                self.spec.describe()
+            )))
         })
-        .await;
+    }
 
-        let (channel, confirm) = match published {
-            Ok(Ok(done)) => done,
-            Ok(Err(e)) => {
-                // The channel (a channel error closes it) or the connection is gone. Start
-                // afresh — and redeclare the exchange — next time.
-                self.forget(&link).await;
-                let message = format!("{}: {}", self.spec.describe(), lapin_message(&e));
-                return Err(if refuses_the_message(&e) {
-                    DeliveryError::Rejected(message)
-                } else {
-                    DeliveryError::Unavailable(message)
-                });
-            }
-            Err(_elapsed) => {
-                // The channel that timed out is dropped (closed) here, never reused.
-                let status = link.connection.status();
-                let why = if !status.connected() {
-                    "the connection was lost"
-                } else if status.blocked() {
-                    "the broker is blocking publishers (resource alarm)"
-                } else {
-                    return Err(DeliveryError::Rejected(format!(
-                        "{}: no publisher confirm within {}",
-                        self.spec.describe(),
-                        humantime::format_duration(self.opts.timeout)
-                    )));
-                };
-                return Err(DeliveryError::Unavailable(format!(
-                    "{}: no publisher confirm within {}: {why}",
-                    self.spec.describe(),
-                    humantime::format_duration(self.opts.timeout)
-                )));
+    /// Publishes a group and sends each delivery its verdict.
+    async fn publish_group(&self, group: Vec<Waiting>) {
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(e) => {
+                for w in group {
+                    let _ = w.verdict.send(Err(e.clone()));
+                }
+                return;
             }
         };
-
-        // The channel had this one publish outstanding, so it is clean again and reusable.
-        link.checkin(channel);
-        match confirm {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
-                Err(DeliveryError::Rejected(format!(
-                    "unroutable: no queue bound to exchange {} for routing key {}",
-                    self.spec.exchange, event.event_type
-                )))
+        let outcomes = self.publish_on_a_channel(&link, &group).await;
+        let mut again = Vec::new();
+        for (w, verdict) in group.into_iter().zip(outcomes) {
+            match verdict {
+                Verdict::Final(verdict) => {
+                    let _ = w.verdict.send(verdict);
+                }
+                // A refusal closed the channel: whose message it was is unknown when several
+                // were outstanding, so each is published again on its own.
+                Verdict::AgainAlone(_) => again.push(w),
             }
-            Confirmation::Nack(None) => Err(DeliveryError::Rejected(format!(
-                "{}: the broker refused the message (nack)",
-                self.spec.describe()
-            ))),
-            // Every channel of ours is in confirm mode; this cannot happen.
-            Confirmation::NotRequested => Err(DeliveryError::Rejected(format!(
-                "{}: no publisher confirm was requested",
+        }
+        if again.len() == 1 {
+            // It was this one's own refusal, or the others were all confirmed before it.
+            let w = again.pop().expect("one");
+            let verdict = self.publish_alone(&link, &w).await;
+            let _ = w.verdict.send(verdict);
+        } else if !again.is_empty() {
+            let verdicts =
+                futures_util::future::join_all(again.iter().map(|w| self.publish_alone(&link, w)))
+                    .await;
+            for (w, verdict) in again.into_iter().zip(verdicts) {
+                let _ = w.verdict.send(verdict);
+            }
+        }
+    }
+
+    /// Publishes one delivery on a channel of its own; its refusal is its own.
+    async fn publish_alone(&self, link: &Arc<Link>, w: &Waiting) -> Result<(), DeliveryError> {
+        match self
+            .publish_on_a_channel(link, std::slice::from_ref(w))
+            .await
+            .pop()
+        {
+            Some(Verdict::Final(verdict)) => verdict,
+            // Alone, a refusal is the message's own (`AgainAlone` is only given to groups).
+            Some(Verdict::AgainAlone(e)) => Err(e),
+            None => Err(DeliveryError::Unavailable(format!(
+                "{}: the publication was abandoned",
                 self.spec.describe()
             ))),
         }
+    }
+
+    /// Publishes `group` on one channel, waits (until `--timeout`) for every confirm and returns
+    /// each publication's verdict, in order.
+    async fn publish_on_a_channel(&self, link: &Arc<Link>, group: &[Waiting]) -> Vec<Verdict> {
+        let deadline = tokio::time::Instant::now() + self.opts.timeout;
+        let mut outcomes: Vec<Option<Outcome>> = group.iter().map(|_| None).collect();
+        let channel = match tokio::time::timeout_at(deadline, link.checkout()).await {
+            Ok(Ok(channel)) => Some(channel),
+            Ok(Err(e)) => {
+                outcomes
+                    .iter_mut()
+                    .for_each(|o| *o = Some(Outcome::Failed(e.clone())));
+                None
+            }
+            Err(_elapsed) => {
+                outcomes
+                    .iter_mut()
+                    .for_each(|o| *o = Some(Outcome::TimedOut));
+                None
+            }
+        };
+        let mut clean = false;
+        if let Some(channel) = &channel {
+            // All publications are started at once: each `basic_publish` waits for lapin's I/O
+            // loop to have written its frames, and waiting for those one after another would
+            // cost a thread round trip per event. Their order does not matter: a group holds at
+            // most one event per aggregate.
+            let mut pending: futures_util::stream::FuturesUnordered<_> = group
+                .iter()
+                .map(|w| async move {
+                    let confirm = channel
+                        .basic_publish(
+                            link.exchange.clone(),
+                            w.routing_key.clone(),
+                            BasicPublishOptions {
+                                mandatory: true,
+                                immediate: false,
+                            },
+                            &w.body,
+                            w.properties.clone(),
+                        )
+                        .await?;
+                    confirm.await
+                })
+                .enumerate()
+                .map(|(i, published)| async move { (i, published.await) })
+                .collect();
+            let waited = tokio::time::timeout_at(deadline, async {
+                while let Some((i, confirmed)) = pending.next().await {
+                    outcomes[i] = Some(match confirmed {
+                        Ok(c) => Outcome::Confirmed(Box::new(c)),
+                        Err(e) => Outcome::Failed(e),
+                    });
+                }
+            })
+            .await;
+            // Confirms resolved just as the deadline passed still count: they may carry returns.
+            for (i, confirmed) in std::iter::from_fn(|| pending.next().now_or_never().flatten()) {
+                outcomes[i] = Some(match confirmed {
+                    Ok(c) => Outcome::Confirmed(Box::new(c)),
+                    Err(e) => Outcome::Failed(e),
+                });
+            }
+            clean = waited.is_ok()
+                && outcomes
+                    .iter()
+                    .all(|o| matches!(o, Some(Outcome::Confirmed(_))));
+        }
+        match channel {
+            // Every confirm resolved, so every return was read: the channel is clean.
+            Some(channel) if clean => link.checkin(channel),
+            // Closed when dropped: a late confirm or return is never read by another group.
+            _ => {}
+        }
+
+        // Every return of the group sits on one of its resolved confirmations (see the module
+        // documentation); which one does not matter.
+        let returned: HashSet<String> = outcomes
+            .iter_mut()
+            .filter_map(|o| match o {
+                Some(Outcome::Confirmed(c)) => match &mut **c {
+                    Confirmation::Ack(r) | Confirmation::Nack(r) => r.take(),
+                    Confirmation::NotRequested => None,
+                },
+                _ => None,
+            })
+            .filter_map(|r| {
+                r.delivery
+                    .properties
+                    .message_id()
+                    .as_ref()
+                    .map(|id| id.to_string())
+            })
+            .collect();
+
+        let several = group.len() > 1;
+        let mut lost_link = false;
+        let verdicts = group
+            .iter()
+            .zip(outcomes)
+            .map(|(w, outcome)| {
+                if returned.contains(&w.id) {
+                    return Verdict::Final(Err(DeliveryError::Rejected(format!(
+                        "unroutable: no queue bound to exchange {} for routing key {}",
+                        self.spec.exchange,
+                        w.routing_key.as_str()
+                    ))));
+                }
+                Verdict::Final(match outcome.unwrap_or(Outcome::TimedOut) {
+                    Outcome::Confirmed(c) if c.is_ack() => Ok(()),
+                    Outcome::Confirmed(c) if c.is_nack() => Err(DeliveryError::Rejected(format!(
+                        "{}: the broker refused the message (nack)",
+                        self.spec.describe()
+                    ))),
+                    // Every channel of ours is in confirm mode; this cannot happen.
+                    Outcome::Confirmed(_not_requested) => Err(DeliveryError::Rejected(format!(
+                        "{}: no publisher confirm was requested",
+                        self.spec.describe()
+                    ))),
+                    Outcome::Failed(e) => {
+                        let message = format!("{}: {}", self.spec.describe(), lapin_message(&e));
+                        if !refuses_the_message(&e) {
+                            // The connection is gone, or the broker closed the channel for a
+                            // reason of its own (the exchange was deleted, say): start afresh —
+                            // and redeclare the exchange — next time.
+                            lost_link = true;
+                            Err(DeliveryError::Unavailable(message))
+                        } else if several {
+                            return Verdict::AgainAlone(DeliveryError::Rejected(message));
+                        } else {
+                            Err(DeliveryError::Rejected(message))
+                        }
+                    }
+                    Outcome::TimedOut => Err(self.no_confirm(link)),
+                })
+            })
+            .collect();
+        if lost_link {
+            self.forget(link).await;
+        }
+        verdicts
+    }
+
+    /// Why a publication had no confirm within `--timeout`: `Rejected` when the broker is
+    /// connected and not blocking publishers, `Unavailable` otherwise.
+    fn no_confirm(&self, link: &Link) -> DeliveryError {
+        let status = link.connection.status();
+        let why = if !status.connected() {
+            "the connection was lost"
+        } else if status.blocked() {
+            "the broker is blocking publishers (resource alarm)"
+        } else {
+            return DeliveryError::Rejected(format!(
+                "{}: no publisher confirm within {}",
+                self.spec.describe(),
+                humantime::format_duration(self.opts.timeout)
+            ));
+        };
+        DeliveryError::Unavailable(format!(
+            "{}: no publisher confirm within {}: {why}",
+            self.spec.describe(),
+            humantime::format_duration(self.opts.timeout)
+        ))
     }
 
     /// The open connection, connecting (and declaring the exchange) when there is none or the

@@ -140,6 +140,11 @@ fn not_compiled_in(sink: &str, feature: &str) -> String {
     )
 }
 
+/// How many aggregates the broker sinks have in flight at once: at least a batch of the
+/// benchmark's `--batch 1000`, as many as a reference client keeps unconfirmed.
+#[cfg(any(feature = "amqp", feature = "nats"))]
+const BROKER_PARALLELISM: usize = 1024;
+
 /// Options every sink honours.
 #[derive(Debug, Clone, Copy)]
 pub struct SinkOptions {
@@ -204,7 +209,14 @@ impl Sink {
         match self {
             Sink::Stdout(_) => 1,
             Sink::Exec(_) => 4,
-            // The network sinks (unreachable when none is compiled in).
+            // The brokers confirm many publications in flight at once (the AMQP sink gathers
+            // them into groups on one channel, JetStream acks each by its own reply subject):
+            // a whole batch of aggregates goes out together.
+            #[cfg(feature = "amqp")]
+            Sink::Amqp(_) => BROKER_PARALLELISM,
+            #[cfg(feature = "nats")]
+            Sink::Nats(_) => BROKER_PARALLELISM,
+            // The webhook (unreachable when it is not compiled in).
             #[allow(unreachable_patterns)]
             _ => 64,
         }
