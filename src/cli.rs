@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
+    parse_byte_size, parse_duration, parse_label, parse_notice, parse_schema, parse_target,
+    parse_wait, Wait,
 };
 
 const ABOUT: &str = "Run a command at most once at a time per target, with PostgreSQL as the only \
@@ -139,10 +140,17 @@ schedule at or before the database's clock plus --slot-skew, so cron lines on se
 manual run later that day) do the slot once; the others record a `skipped` run and exit 0. The
 child also sees LEASECTL_SLOT and LEASECTL_SLOT_END (RFC 3339).
 
+With --wait, waiters queue: they take the lease in arrival order (--queue fifo), and a caller
+without --wait finds the target busy while anyone queues for it (no queue jumping). With
+--queue latest, a new waiter supersedes every older one (they exit 75, naming who superseded
+them). Without a terminal, a waiter says every --wait-notice where it stands and who holds the
+target; `leasectl status` lists the waiters.
+
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
+  leasectl run --target deploy --wait --queue latest --label \"$GITHUB_SHA\" -- make deploy
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
@@ -168,6 +176,26 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_wait, num_args = 0..=1, require_equals = true,
           default_missing_value = "forever", value_name = "DUR")]
     pub wait: Option<Wait>,
+
+    /// How waiters take turns: fifo (arrival order), latest (a new waiter supersedes every
+    /// older one, which exits busy) or unordered (whoever asks first after a release)
+    #[arg(
+        long,
+        value_enum,
+        default_value = "fifo",
+        value_name = "MODE",
+        requires = "wait"
+    )]
+    pub queue: crate::store::waiters::QueueMode,
+
+    /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
+    #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
+    pub wait_notice: Option<Duration>,
+
+    /// Shown with this caller wherever holders and waiters are (busy lines, status, runs):
+    /// a commit SHA, a pipeline URL; at most 200 characters, no control characters
+    #[arg(long, value_parser = parse_label, value_name = "TEXT")]
+    pub label: Option<String>,
 
     /// Reuse the stored stdout of a successful run that finished less than DUR ago
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::cli::RunArgs;
 use crate::error::usage;
 use crate::run::slot::Schedule;
+use crate::store::waiters::QueueMode;
 
 /// Longest accepted target, in Unicode scalar values.
 pub const MAX_TARGET_CHARS: usize = 200;
@@ -85,6 +86,38 @@ pub fn parse_target(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// Longest accepted `--label`, in Unicode scalar values.
+pub const MAX_LABEL_CHARS: usize = 200;
+
+/// A `--label`: 1–200 Unicode scalar values, none of them control characters (it is shown on
+/// one line wherever holders are).
+pub fn parse_label(s: &str) -> Result<String, String> {
+    let n = s.chars().count();
+    if n == 0 {
+        return Err("the label is empty (it needs 1 to 200 characters)".into());
+    }
+    if n > MAX_LABEL_CHARS {
+        return Err(format!(
+            "the label is {n} characters long (at most {MAX_LABEL_CHARS})"
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!("the label contains the control character {:?}", c));
+    }
+    Ok(s.to_owned())
+}
+
+/// `--wait-notice`: a duration, or `0` for never.
+pub fn parse_notice(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
+/// How often a waiter says where it stands, unless told otherwise.
+pub const DEFAULT_WAIT_NOTICE: Duration = Duration::from_secs(30);
+
 /// A schema name: an ASCII letter or underscore, then letters, digits or underscores.
 ///
 /// The name is always double-quoted in SQL, so case is kept exactly as given.
@@ -144,6 +177,11 @@ pub struct RunConfig {
     pub heartbeat: Duration,
     pub kill_after: Duration,
     pub wait: Option<Wait>,
+    /// How waiters take turns (only with `wait`).
+    pub queue: QueueMode,
+    /// Every how long a waiter without a terminal prints where it stands; `None`: never.
+    pub wait_notice: Option<Duration>,
+    pub label: Option<String>,
     pub reuse_within: Option<Duration>,
     pub timeout: Option<Duration>,
     pub busy_exit_code: u8,
@@ -274,6 +312,10 @@ impl RunConfig {
             heartbeat,
             kill_after,
             wait: a.wait,
+            queue: a.queue,
+            wait_notice: Some(a.wait_notice.unwrap_or(DEFAULT_WAIT_NOTICE))
+                .filter(|d| !d.is_zero()),
+            label: a.label,
             reuse_within: a.reuse_within,
             timeout: a.timeout,
             busy_exit_code: a.busy_exit_code,
@@ -317,6 +359,18 @@ mod tests {
             .unwrap_err()
             .contains("too long"));
         assert!(parse_wait("150000000000000d").is_err());
+    }
+
+    #[test]
+    fn labels_and_notices() {
+        assert!(parse_label("").is_err());
+        assert!(parse_label(&"x".repeat(201)).unwrap_err().contains("201"));
+        assert!(parse_label(&"é".repeat(200)).is_ok());
+        assert!(parse_label("a\tb").unwrap_err().contains("control"));
+        assert!(parse_label("https://ci.example/p/42 abc123").is_ok());
+        assert_eq!(parse_notice("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_notice("45s"), Ok(Duration::from_secs(45)));
+        assert!(parse_notice("5").is_err());
     }
 
     #[test]

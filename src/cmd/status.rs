@@ -1,4 +1,5 @@
-//! `leasectl status [--target T] [--json]`: leases, last runs, health and the outbox backlog.
+//! `leasectl status [--target T] [--json]`: leases, their waiters, last runs, health and the
+//! outbox backlog.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use crate::exit::Exit;
 use crate::fmt;
 use crate::health;
 use crate::store::leases::TargetStatus;
-use crate::store::{leases, outbox};
+use crate::store::{leases, outbox, waiters};
 
 pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
@@ -32,6 +33,12 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
         .collect();
     targets.extend(health.into_iter().map(|(t, h)| (t, None, Some(h))));
     targets.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut queues: BTreeMap<String, Vec<waiters::Listed>> = BTreeMap::new();
+    for w in waiters::list(&db.client, &db.schema, args.target.as_deref()).await? {
+        queues.entry(w.target.clone()).or_default().push(w);
+    }
+    let no_waiters = Vec::new();
+    let queue_of = |target: &str| queues.get(target).unwrap_or(&no_waiters);
     let backlog = outbox::backlog(&db.client, &db.schema).await?;
     let (pending, dead, oldest) = (backlog.pending, backlog.dead, backlog.oldest_pending_ms);
 
@@ -50,8 +57,22 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                         "ttl_ms": null,
                         "last_run": null,
                         "health": health,
+                        "waiters": [],
                     });
                 };
+                let waiters: Vec<Value> = queue_of(name)
+                    .iter()
+                    .map(|w| {
+                        json!({
+                            "position": w.position,
+                            "host": w.who.host,
+                            "pid": w.who.pid,
+                            "label": w.who.label,
+                            "queue": w.queue,
+                            "waiting_ms": w.waiting_ms,
+                        })
+                    })
+                    .collect();
                 let last_run = t.last_run.as_ref().map(|r| {
                     json!({
                         "run_id": r.id.to_string(),
@@ -67,12 +88,14 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "state": t.state,
                     "holder_host": t.holder_host,
                     "holder_pid": t.holder_pid,
+                    "holder_label": t.holder_label,
                     "fence": t.fence,
                     "heartbeat_age_ms": t.heartbeat_age_ms,
                     "ttl_ms": t.ttl_ms,
                     "last_run": last_run,
                     "skipped": t.skipped,
                     "health": health,
+                    "waiters": waiters,
                 })
             })
             .collect();
@@ -104,12 +127,15 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     dash(),
                     dash(),
                     dash(),
+                    dash(),
                 ];
             };
-            let holder = match (&t.holder_host, t.holder_pid) {
-                (Some(h), Some(p)) => format!("{h} pid {p}"),
+            let holder = match (&t.holder_host, t.holder_pid, &t.holder_label) {
+                (Some(h), Some(p), None) => format!("{h} pid {p}"),
+                (Some(h), Some(p), Some(l)) => format!("{h} pid {p} [{l}]"),
                 _ => "-".into(),
             };
+            let waiting = queue_of(&t.target).len().to_string();
             let heartbeat = t.heartbeat_age_ms.map_or("-".into(), |ms| {
                 format!("{} ago", fmt::duration(fmt::millis(ms)))
             });
@@ -140,6 +166,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 t.state.clone(),
                 health,
                 holder,
+                waiting,
                 t.fence.to_string(),
                 heartbeat,
                 fmt::duration(fmt::millis(t.ttl_ms)),
@@ -159,6 +186,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 "STATE",
                 "HEALTH",
                 "HOLDER",
+                "WAITERS",
                 "FENCE",
                 "HEARTBEAT",
                 "TTL",

@@ -46,6 +46,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "cron",
         sql: include_str!("../../migrations/0003_cron.sql"),
     },
+    Migration {
+        version: 4,
+        name: "queue",
+        sql: include_str!("../../migrations/0004_queue.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -16,6 +16,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
+use super::waiters::{self, Busy, Ticket};
 use super::{ms, sql};
 use crate::db::Schema;
 
@@ -28,6 +29,8 @@ pub struct Lease {
     /// The database's clock when it granted the lease; with the local monotonic clock it dates
     /// the run on the database clock (see [`DbClock`]).
     pub granted_at: SystemTime,
+    /// `--label`, stored with the holder and the run.
+    pub label: Option<String>,
 }
 
 /// Dates events on the database's clock without asking it again: the time the database
@@ -49,6 +52,9 @@ impl DbClock {
 pub struct Holder {
     pub host: Option<String>,
     pub pid: Option<i32>,
+    pub label: Option<String>,
+    /// How long it has held the lease.
+    pub running: Duration,
     pub fence: i64,
     pub ttl: Duration,
     pub heartbeat_age: Duration,
@@ -57,12 +63,21 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn describe(&self) -> String {
-        let who = match (&self.host, self.pid) {
+    /// `ci-7 pid 4411 [label]`.
+    pub fn who(&self) -> String {
+        let mut who = match (&self.host, self.pid) {
             (Some(h), Some(p)) => format!("{h} pid {p}"),
             (Some(h), None) => h.clone(),
             _ => "an unknown holder".into(),
         };
+        if let Some(l) = &self.label {
+            who.push_str(&format!(" [{l}]"));
+        }
+        who
+    }
+
+    pub fn describe(&self) -> String {
+        let who = self.who();
         format!(
             "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
             self.fence,
@@ -74,15 +89,34 @@ impl Holder {
 
 pub enum Acquired {
     Held(Lease),
-    /// Someone else holds it. `None`: it was released between our attempt and our look at the
-    /// holder, so trying again at once is right.
-    Busy(Option<Holder>),
+    /// Someone else holds it, or waiters go first: the holder and the queue.
+    Busy(Busy),
 }
 
-/// Takes the lease if it is free or its holder's TTL has run out, in one statement.
+/// Who asks for a lease, as the acquiring statement records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Contender<'a> {
+    /// The caller's for all its attempts (see [`acquire`]).
+    pub token: Uuid,
+    pub ttl: Duration,
+    pub host: &'a str,
+    pub pid: i32,
+    pub label: Option<&'a str>,
+    /// The caller's place in the queue, once it waits (see [`super::waiters`]).
+    pub ticket: Option<Ticket>,
+}
+
+/// Takes the lease if it is free or its holder's TTL has run out — and no live ordered waiter
+/// goes first — in one statement.
 ///
 /// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
 /// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
+///
+/// The queue: a caller without a ticket (no `--wait`, or not yet queued) or with an unordered
+/// one does not get a free lease while any live `fifo`/`latest` waiter exists (no queue
+/// jumping); an ordered waiter gets it only when no such waiter has an earlier ticket, and only
+/// while its own row is live and not superseded. The winner's row leaves the queue in the same
+/// statement. With no waiters this is one index probe more, not one round trip more.
 ///
 /// `token` is the caller's for all its attempts: an attempt the caller gave up on (its
 /// statement stalled past the client's deadline) may still commit, and the lease it took is
@@ -91,29 +125,45 @@ pub async fn acquire(
     client: &Client,
     schema: &Schema,
     target: &str,
-    token: Uuid,
-    ttl: Duration,
-    host: &str,
-    pid: i32,
+    who: &Contender<'_>,
 ) -> Result<Acquired> {
     let sql = sql(
         schema,
-        "INSERT INTO {s}.leases AS l
-                (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host, holder_pid)
-         VALUES ($1, $2, 1, $3, now(), now(), $4, $5)
-         ON CONFLICT (target) DO UPDATE
-            SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
-                heartbeat_at = now(), acquired_at = now(),
-                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
-          WHERE l.token IS NULL OR {expired} OR l.token = excluded.token
-         RETURNING fence, now() AS granted_at",
+        "WITH acquired AS (
+             INSERT INTO {s}.leases AS l
+                    (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host,
+                     holder_pid, holder_label)
+             VALUES ($1, $2, 1, $3, now(), now(), $4, $5, $6)
+             ON CONFLICT (target) DO UPDATE
+                SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                    heartbeat_at = now(), acquired_at = now(),
+                    holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                    holder_label = excluded.holder_label
+              WHERE l.token = excluded.token
+                 OR ((l.token IS NULL OR {expired})
+                     AND NOT EXISTS (
+                         SELECT 1 FROM {s}.waiters w
+                          WHERE w.target = $1 AND w.queue <> 'unordered' AND {live_waiter}
+                            AND NOT (coalesce($8, false) AND w.ticket >= $7))
+                     AND ($7::int8 IS NULL OR EXISTS (
+                         SELECT 1 FROM {s}.waiters w WHERE w.ticket = $7 AND {live_waiter})))
+             RETURNING fence, now() AS granted_at
+         ), dequeued AS (
+             DELETE FROM {s}.waiters WHERE ticket = $7 AND EXISTS (SELECT 1 FROM acquired)
+         )
+         SELECT fence, granted_at FROM acquired",
     );
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+    let number = who.ticket.map(|t| t.number);
+    let ordered = who.ticket.map(|t| t.mode.ordered());
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&target, Type::TEXT),
-        (&token, Type::UUID),
-        (&ms(ttl), Type::INT8),
-        (&host, Type::TEXT),
-        (&pid, Type::INT4),
+        (&who.token, Type::UUID),
+        (&ms(who.ttl), Type::INT8),
+        (&who.host, Type::TEXT),
+        (&who.pid, Type::INT4),
+        (&who.label, Type::TEXT),
+        (&number, Type::INT8),
+        (&ordered, Type::BOOL),
     ];
     let rows = client
         .query_typed(&sql, &params)
@@ -122,36 +172,27 @@ pub async fn acquire(
     if let Some(row) = rows.first() {
         return Ok(Acquired::Held(Lease {
             target: target.to_owned(),
-            token,
+            token: who.token,
             fence: row.get("fence"),
             granted_at: row.get("granted_at"),
+            label: who.label.map(str::to_owned),
         }));
     }
-    Ok(Acquired::Busy(holder(client, schema, target).await?))
+    Ok(Acquired::Busy(
+        waiters::look(client, schema, target, who.ticket).await?,
+    ))
 }
 
-/// The live holder of `target`, if any.
-pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
-    let sql = sql(
-        schema,
-        "SELECT l.holder_host, l.holder_pid, l.fence, l.ttl_ms, {heartbeat_age_ms} AS age_ms
-           FROM {s}.leases l
-          WHERE l.target = $1 AND l.token IS NOT NULL",
-    );
-    let rows = client
-        .query_typed(&sql, &[(&target, Type::TEXT)])
-        .await
-        .context("cannot read the lease")?;
-    Ok(rows.first().map(holder_from_row))
-}
-
-/// A holder from a row with the columns holder_host, holder_pid, fence, ttl_ms and age_ms.
-fn holder_from_row(r: &Row) -> Holder {
+/// A holder from a row with the columns holder_host, holder_pid, holder_label, fence, ttl_ms,
+/// age_ms and running_ms.
+pub(super) fn holder_from_row(r: &Row) -> Holder {
     let ttl_ms: i64 = r.get("ttl_ms");
     let age_ms: i64 = r.get("age_ms");
     Holder {
         host: r.get("holder_host"),
         pid: r.get("holder_pid"),
+        label: r.get("holder_label"),
+        running: crate::fmt::millis(r.get("running_ms")),
         fence: r.get("fence"),
         ttl: crate::fmt::millis(ttl_ms),
         heartbeat_age: crate::fmt::millis(age_ms),
@@ -180,7 +221,8 @@ pub async fn heartbeat(
 /// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
 pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
     let sql = schema.sql(
-        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
+        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL,
+                holder_label = NULL
           WHERE target = $1 AND token = $2
          RETURNING pg_notify($3, target)",
     );
@@ -210,14 +252,15 @@ pub async fn force_release(
     let sql = sql(
         schema,
         "WITH old AS (
-             SELECT l.target, l.holder_host, l.holder_pid, l.fence, l.ttl_ms,
-                    {heartbeat_age_ms} AS age_ms
+             SELECT l.target, l.holder_host, l.holder_pid, l.holder_label, l.fence, l.ttl_ms,
+                    {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
                FROM {s}.leases l WHERE l.target = $1 AND l.token IS NOT NULL FOR UPDATE
          )
-         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
+                holder_label = NULL
            FROM old WHERE l.target = old.target
-         RETURNING old.holder_host, old.holder_pid, old.fence, old.ttl_ms, old.age_ms,
-                   pg_notify($2, l.target)",
+         RETURNING old.holder_host, old.holder_pid, old.holder_label, old.fence, old.ttl_ms,
+                   old.age_ms, old.running_ms, pg_notify($2, l.target)",
     );
     let channel = schema.lease_channel();
     let rows = client
@@ -235,6 +278,7 @@ pub struct TargetStatus {
     pub state: String,
     pub holder_host: Option<String>,
     pub holder_pid: Option<i32>,
+    pub holder_label: Option<String>,
     pub fence: i64,
     /// `None` while the target is free.
     pub heartbeat_age_ms: Option<i64>,
@@ -270,7 +314,7 @@ pub async fn status(
         "SELECT l.target,
                 CASE WHEN l.token IS NULL THEN 'free' WHEN {expired} THEN 'expired'
                      ELSE 'held' END AS state,
-                l.holder_host, l.holder_pid, l.fence,
+                l.holder_host, l.holder_pid, l.holder_label, l.fence,
                 CASE WHEN l.token IS NOT NULL THEN {heartbeat_age_ms} END AS heartbeat_age_ms,
                 l.ttl_ms,
                 r.id AS run_id, r.outcome, r.exit_code, r.signal, r.finished_at,
@@ -299,6 +343,7 @@ pub async fn status(
             state: r.get("state"),
             holder_host: r.get("holder_host"),
             holder_pid: r.get("holder_pid"),
+            holder_label: r.get("holder_label"),
             fence: r.get("fence"),
             heartbeat_age_ms: r.get("heartbeat_age_ms"),
             ttl_ms: r.get("ttl_ms"),

@@ -6,6 +6,7 @@
 //!   reuse look-ups, the listing and output of `runs` / `output`, and pruning;
 //! * [`outbox`]: the relay's claim and restore, and the operator's list / retry / discard /
 //!   backlog;
+//! * [`waiters`]: the queue of `run --wait` callers: join, look (and renew), leave, list;
 //! * [`health`]: expectations (`expect`), the facts the dead-man switch judges, and the
 //!   incidents a relay opens and closes with their events.
 //!
@@ -17,6 +18,7 @@ pub mod health;
 pub mod leases;
 pub mod outbox;
 pub mod runs;
+pub mod waiters;
 
 use crate::db::Schema;
 use crate::fmt::ms;
@@ -27,6 +29,16 @@ const EXPIRED: &str = "(l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < n
 /// Milliseconds since the holder's last heartbeat, never negative (alias `l` for `leases`).
 const HEARTBEAT_AGE_MS: &str =
     "greatest(0, round(extract(epoch FROM now() - l.heartbeat_at) * 1000))::int8";
+
+/// Milliseconds since the holder acquired the lease, never negative (alias `l` for `leases`).
+const RUNNING_MS: &str =
+    "greatest(0, round(extract(epoch FROM now() - l.acquired_at) * 1000))::int8";
+
+/// A waiter that counts: its own TTL has not run out on the database clock, and no later
+/// `--queue latest` waiter superseded it (alias `w` for `waiters`). The only rows anyone waits
+/// behind, counts or lists.
+const LIVE_WAITER: &str = "(w.superseded_at IS NULL
+      AND w.heartbeat_at + w.ttl_ms * interval '1 millisecond' >= now())";
 
 /// An outbox event that holds up its aggregate — dead, or not to be tried before
 /// `next_attempt_at` — as far as an index can tell: it is **exactly** the predicate of the
@@ -39,12 +51,14 @@ const HELD: &str = "(dead_at IS NOT NULL OR next_attempt_at > created_at)";
 const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 
 /// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
-/// `{held}`, `{held_now}`, then `{s}` as the quoted schema.
+/// `{running_ms}`, `{live_waiter}`, `{held}`, `{held_now}`, then `{s}` as the quoted schema.
 fn sql(schema: &Schema, template: &str) -> String {
     schema.sql(
         &template
             .replace("{expired}", EXPIRED)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
+            .replace("{running_ms}", RUNNING_MS)
+            .replace("{live_waiter}", LIVE_WAITER)
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW),
     )

@@ -172,17 +172,20 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3"
+        "1,2,3,4"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 3\n", env.schema)
+        format!("schema \"{}\" is at version 4\n", env.schema)
     );
 }
 
-/// Takes a current schema back to version 2 (what migration 0003 adds, removed).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 3;
+/// Takes a current schema back to version 2 (what migrations 0004 and 0003 add, removed).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 4;
+     DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label;
+     ALTER TABLE runs DROP COLUMN label;
+     DELETE FROM schema_migrations WHERE version = 3;
      DROP TABLE expectations, incidents; DROP INDEX runs_target_slot;
      ALTER TABLE runs DROP COLUMN slot, DROP COLUMN slot_end, DROP COLUMN done_by, DROP COLUMN events,
                       DROP CONSTRAINT runs_outcome_check;
@@ -206,7 +209,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3"
+        "1,2,3,4"
     );
     assert_eq!(
         env.scalar(&format!(

@@ -25,6 +25,7 @@ mod lease;
 mod manpages;
 mod pooler;
 mod privileges;
+mod queue;
 mod relay;
 mod relay_backlog;
 mod relay_sinks;
