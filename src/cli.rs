@@ -73,7 +73,7 @@ pub struct DbArgs {
 pub enum Command {
     /// Run COMMAND under a fenced heartbeat lease on TARGET
     #[command(after_help = RUN_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show each target's lease, its last run and the outbox backlog
     #[command(
         after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json"
@@ -146,11 +146,16 @@ without --wait finds the target busy while anyone queues for it (no queue jumpin
 them). Without a terminal, a waiter says every --wait-notice where it stands and who holds the
 target; `leasectl status` lists the waiters.
 
+With --max-holders N, up to N callers hold TARGET at once, each in its own place (the child sees
+LEASECTL_HOLDER_INDEX, 0…N−1); fences still increase with every acquisition. A caller with
+another N is a usage error while any place is held.
+
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
   leasectl run --target deploy --wait --queue latest --label \"$GITHUB_SHA\" -- make deploy
+  leasectl run --target licence-pool --max-holders 6 --wait -- ./build
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
@@ -196,6 +201,12 @@ pub struct RunArgs {
     /// a commit SHA, a pipeline URL; at most 200 characters, no control characters
     #[arg(long, value_parser = parse_label, value_name = "TEXT")]
     pub label: Option<String>,
+
+    /// Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of
+    /// the first holder stands until none is left
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(1..=crate::config::MAX_HOLDERS as i64))]
+    pub max_holders: i32,
 
     /// Reuse the stored stdout of a successful run that finished less than DUR ago
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]

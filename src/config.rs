@@ -86,6 +86,9 @@ pub fn parse_target(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// The largest `--max-holders`.
+pub const MAX_HOLDERS: i32 = 1000;
+
 /// Longest accepted `--label`, in Unicode scalar values.
 pub const MAX_LABEL_CHARS: usize = 200;
 
@@ -182,6 +185,8 @@ pub struct RunConfig {
     /// Every how long a waiter without a terminal prints where it stands; `None`: never.
     pub wait_notice: Option<Duration>,
     pub label: Option<String>,
+    /// `--max-holders`: 1 for the single holder.
+    pub max_holders: i32,
     pub reuse_within: Option<Duration>,
     pub timeout: Option<Duration>,
     pub busy_exit_code: u8,
@@ -295,6 +300,18 @@ impl RunConfig {
                 "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
             ));
         }
+        if a.max_holders > 1 && (a.slot.is_some() || a.reuse_within.is_some()) {
+            // Both decide "has this been done already?" under the lease, which only a single
+            // holder can answer for everyone.
+            let other = if a.slot.is_some() {
+                "--slot"
+            } else {
+                "--reuse-within"
+            };
+            return Err(usage(format!(
+                "--max-holders cannot go with {other}: several holders would each do the work"
+            )));
+        }
         let slot = SlotConfig::new(&a)?;
         let event_type = if a.no_event {
             None
@@ -316,6 +333,7 @@ impl RunConfig {
             wait_notice: Some(a.wait_notice.unwrap_or(DEFAULT_WAIT_NOTICE))
                 .filter(|d| !d.is_zero()),
             label: a.label,
+            max_holders: a.max_holders,
             reuse_within: a.reuse_within,
             timeout: a.timeout,
             busy_exit_code: a.busy_exit_code,
@@ -403,7 +421,7 @@ mod tests {
         let crate::cli::Command::Run(args) = cli.command else {
             unreachable!()
         };
-        RunConfig::new(args)
+        RunConfig::new(*args)
     }
 
     #[test]
@@ -496,7 +514,7 @@ mod never_panic {
             argv.extend(["--", "true"].map(String::from));
             let Ok(cli) = Cli::try_parse_from(argv) else { return Ok(()) };
             let crate::cli::Command::Run(args) = cli.command else { unreachable!() };
-            if let Ok(cfg) = RunConfig::new(args) {
+            if let Ok(cfg) = RunConfig::new(*args) {
                 let now = std::time::Instant::now();
                 let longest = [Some(cfg.ttl), Some(cfg.heartbeat), Some(cfg.kill_after), cfg.timeout, cfg.reuse_within];
                 for d in longest.into_iter().flatten() {

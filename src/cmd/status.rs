@@ -39,6 +39,12 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     }
     let no_waiters = Vec::new();
     let queue_of = |target: &str| queues.get(target).unwrap_or(&no_waiters);
+    let mut places: BTreeMap<String, Vec<leases::Place>> = BTreeMap::new();
+    for p in leases::holders(&db.client, &db.schema, args.target.as_deref()).await? {
+        places.entry(p.target.clone()).or_default().push(p);
+    }
+    let no_places = Vec::new();
+    let places_of = |target: &str| places.get(target).unwrap_or(&no_places);
     let backlog = outbox::backlog(&db.client, &db.schema).await?;
     let (pending, dead, oldest) = (backlog.pending, backlog.dead, backlog.oldest_pending_ms);
 
@@ -57,9 +63,25 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                         "ttl_ms": null,
                         "last_run": null,
                         "health": health,
+                        "max_holders": 1,
+                        "holders": [],
                         "waiters": [],
                     });
                 };
+                let holders: Vec<Value> = places_of(name)
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "index": p.index,
+                            "host": p.holder.host,
+                            "pid": p.holder.pid,
+                            "label": p.holder.label,
+                            "fence": p.holder.fence,
+                            "heartbeat_age_ms": fmt::ms(p.holder.heartbeat_age),
+                            "expired": p.expired,
+                        })
+                    })
+                    .collect();
                 let waiters: Vec<Value> = queue_of(name)
                     .iter()
                     .map(|w| {
@@ -95,6 +117,8 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "last_run": last_run,
                     "skipped": t.skipped,
                     "health": health,
+                    "max_holders": t.max_holders,
+                    "holders": holders,
                     "waiters": waiters,
                 })
             })
@@ -130,15 +154,29 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     dash(),
                 ];
             };
+            let mut heartbeat = t.heartbeat_age_ms.map_or("-".into(), |ms| {
+                format!("{} ago", fmt::duration(fmt::millis(ms)))
+            });
+            let mut ttl = fmt::duration(fmt::millis(t.ttl_ms));
             let holder = match (&t.holder_host, t.holder_pid, &t.holder_label) {
                 (Some(h), Some(p), None) => format!("{h} pid {p}"),
                 (Some(h), Some(p), Some(l)) => format!("{h} pid {p} [{l}]"),
                 _ => "-".into(),
             };
+            // Several holders (--max-holders): the first place's, and how many more.
+            let holder = match places_of(&t.target).as_slice() {
+                [first, rest @ ..] if t.max_holders > 1 => {
+                    heartbeat = format!("{} ago", fmt::duration(first.holder.heartbeat_age));
+                    ttl = fmt::duration(first.holder.ttl);
+                    let more = match rest.len() {
+                        0 => String::new(),
+                        n => format!(" (+{n} of {})", t.max_holders),
+                    };
+                    format!("{}{more}", first.holder.who())
+                }
+                _ => holder,
+            };
             let waiting = queue_of(&t.target).len().to_string();
-            let heartbeat = t.heartbeat_age_ms.map_or("-".into(), |ms| {
-                format!("{} ago", fmt::duration(fmt::millis(ms)))
-            });
             let last = match &t.last_run {
                 None => "-".into(),
                 Some(r) => {
@@ -169,7 +207,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 waiting,
                 t.fence.to_string(),
                 heartbeat,
-                fmt::duration(fmt::millis(t.ttl_ms)),
+                ttl,
                 last,
             ]
         })

@@ -124,9 +124,14 @@ pub(super) async fn obtain(
                 } else {
                     POOLED_POLL
                 };
-                match &busy.holder {
+                let wake = match &busy.holder {
                     Some(h) => poll.min(h.expires_in + Duration::from_millis(20)),
                     None => poll,
+                };
+                // And in time for the next --wait-notice line.
+                match w.next_notice {
+                    Some(t) => wake.min(t.saturating_duration_since(Instant::now())),
+                    None => wake,
                 }
             }
             Err(e) if cfg.wait.is_some() && is_unavailable(&e) => {
@@ -178,9 +183,16 @@ pub(super) async fn obtain(
 fn describe_busy(busy: &Busy) -> String {
     let n = busy.waiting;
     let callers = if n == 1 { "caller" } else { "callers" };
+    let places = match busy.in_force {
+        1 => String::new(),
+        max => format!(
+            "{} of {max} places held; the first to expire is ",
+            busy.holders
+        ),
+    };
     match (&busy.holder, &busy.next) {
-        (Some(h), _) if n == 0 => h.describe(),
-        (Some(h), _) => format!("{}; {n} {callers} waiting", h.describe()),
+        (Some(h), _) if n == 0 => format!("{places}{}", h.describe()),
+        (Some(h), _) => format!("{places}{}; {n} {callers} waiting", h.describe()),
         (None, next) => {
             let next = next
                 .as_ref()
@@ -231,12 +243,19 @@ impl Waiter {
             pid: me.pid,
             label: cfg.label.as_deref(),
             ticket: self.ticket,
+            max_holders: cfg.max_holders,
         };
         let busy = match leases::acquire(&db.client, &db.schema, &cfg.target, &who).await? {
             Acquired::Held(l) => {
                 return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
             }
             Acquired::Busy(b) => b,
+            Acquired::Mismatch { in_force } => {
+                return Err(crate::error::usage(format!(
+                    "'{}' is held with --max-holders {in_force} (the N of its first holder stands until none is left); this caller asked for {}",
+                    cfg.target, cfg.max_holders
+                )));
+            }
         };
         match &busy.mine {
             Some(Place::Superseded(by)) => {
@@ -412,6 +431,13 @@ fn standing(cfg: &RunConfig, busy: &Busy) -> String {
         _ => format!("{} waiting", busy.waiting),
     };
     let held = match (&busy.holder, &busy.next) {
+        (Some(h), _) if busy.in_force > 1 => format!(
+            "{} of {} places held; next to free: {}, running {}",
+            busy.holders,
+            busy.in_force,
+            h.who(),
+            crate::fmt::duration(h.running)
+        ),
         (Some(h), _) => format!(
             "held by {}, running {}",
             h.who(),

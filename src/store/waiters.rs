@@ -84,7 +84,12 @@ impl std::fmt::Display for Who {
 pub struct Busy {
     /// `None`: the lease is free (or its holder's TTL ran out) — then either ordered waiters
     /// go first (`ahead > 0`) or it was released since the attempt and trying again is right.
+    /// Of several holders, the one whose lease runs out first.
     pub holder: Option<Holder>,
+    /// How many live holders the target has (more than one with `--max-holders`).
+    pub holders: i64,
+    /// The `--max-holders` in force (1 for a single holder).
+    pub in_force: i32,
     /// Live waiters of the target, of every mode.
     pub waiting: i64,
     /// Ordered waiters that go before the caller (all of them for a caller without a place).
@@ -188,8 +193,12 @@ pub async fn look(
          ), nxt AS (
              SELECT host, pid, label FROM q WHERE ordered ORDER BY ticket LIMIT 1
          )
-         SELECT l.holder_host, l.holder_pid, l.holder_label, l.fence, l.ttl_ms,
-                {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms,
+         SELECT h.holder_host, h.holder_pid, h.holder_label, h.fence, h.ttl_ms, h.age_ms,
+                h.running_ms,
+                (SELECT count(*) FROM {s}.leases l
+                  WHERE l.target = $1 AND l.token IS NOT NULL AND NOT {expired}) AS holders,
+                coalesce((SELECT l.max_holders FROM {s}.leases l
+                           WHERE l.target = $1 AND l.place = 0), 1) AS in_force,
                 (SELECT count(*) FROM q) AS waiting,
                 (SELECT count(*) FROM q WHERE ordered AND NOT (coalesce($3, false)
                                                                AND q.ticket >= $2)) AS ahead,
@@ -198,8 +207,14 @@ pub async fn look(
                 me.ticket AS my_ticket, me.superseded, me.superseded_host,
                 me.superseded_pid, me.superseded_label
            FROM (SELECT 1) one
-           LEFT JOIN {s}.leases l ON l.target = $1 AND l.token IS NOT NULL
-                AND NOT {expired}
+           -- The live holder whose lease runs out first (of several, with --max-holders).
+           LEFT JOIN LATERAL (
+                SELECT l.holder_host, l.holder_pid, l.holder_label, l.fence, l.ttl_ms,
+                       {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
+                  FROM {s}.leases l
+                 WHERE l.target = $1 AND l.token IS NOT NULL AND NOT {expired}
+                 ORDER BY l.heartbeat_at + l.ttl_ms * interval '1 millisecond' LIMIT 1
+           ) h ON true
            LEFT JOIN nxt ON true
            LEFT JOIN me ON true",
     );
@@ -227,6 +242,8 @@ pub async fn look(
     let mine = ticket.map(|_| place_from_row(&row));
     Ok(Busy {
         holder,
+        holders: row.get("holders"),
+        in_force: row.get("in_force"),
         waiting: row.get("waiting"),
         ahead: row.get("ahead"),
         next,

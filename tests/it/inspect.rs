@@ -172,17 +172,21 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4"
+        "1,2,3,4,6"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 4\n", env.schema)
+        format!("schema \"{}\" is at version 6\n", env.schema)
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0004 and 0003 add, removed).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 4;
+/// Takes a current schema back to version 2 (what migrations 0006, 0004 and 0003 add, removed).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 6;
+     DROP INDEX leases_token; ALTER TABLE leases DROP CONSTRAINT leases_pkey;
+     ALTER TABLE leases DROP COLUMN place, DROP COLUMN max_holders;
+     ALTER TABLE leases ADD PRIMARY KEY (target);
+     DELETE FROM schema_migrations WHERE version = 4;
      DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label;
      ALTER TABLE runs DROP COLUMN label;
      DELETE FROM schema_migrations WHERE version = 3;
@@ -209,7 +213,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4"
+        "1,2,3,4,6"
     );
     assert_eq!(
         env.scalar(&format!(

@@ -23,6 +23,7 @@ mod inspect;
 mod job_events;
 mod lease;
 mod manpages;
+mod max_holders;
 mod pooler;
 mod privileges;
 mod queue;
