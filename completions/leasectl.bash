@@ -854,7 +854,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --heartbeat --wait --queue --wait-notice --label --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
+            opts="-q -v -h -V --target --ttl --heartbeat --wait --queue --wait-notice --label --max-holders --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -885,6 +885,10 @@ _leasectl() {
                     return 0
                     ;;
                 --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-holders)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

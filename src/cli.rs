@@ -129,9 +129,10 @@ Example:\n  leasectl release --target nightly-report --force"
 
 const RUN_HELP: &str = "\
 At most one copy of COMMAND runs per TARGET across all hosts sharing the database. The child sees
-LEASECTL_TARGET, LEASECTL_TOKEN and LEASECTL_FENCE (a number that grows with every acquisition),
-and LEASECTL_EVENTS, a file for its own outbox events (see `leasectl emit`). Its result, an
-outbox event and its own events are stored only while the lease is still held.
+LEASECTL_TARGET, LEASECTL_TOKEN, LEASECTL_FENCE (a number that grows with every acquisition),
+LEASECTL_HOLDER_INDEX (0, or its place with --max-holders) and LEASECTL_EVENTS, a file for its
+own outbox events (see `leasectl emit`). Its result, an outbox event and its own events are stored
+only while the lease is still held.
 
 Durations: 500ms, 30s, 2m, 1h, 1d.
 
