@@ -29,6 +29,13 @@ CREATE TABLE waiters (
 );
 CREATE INDEX waiters_target_ticket ON waiters (target, ticket);
 
+-- Until when a live `fifo`/`latest` waiter of the target may exist: set by every waiter that
+-- joins and renewed by waiters well before it runs out (each to its own TTL), recomputed from the
+-- waiters left whenever one acquires or leaves. A caller that does not wait may take the lease
+-- only after it, so the uncontended acquisition reads this row alone and never plans a query on
+-- `waiters`.
+ALTER TABLE leases ADD COLUMN queued_until timestamptz;
+
 -- `run --label`: the holder's, and each run's (a commit SHA, a pipeline URL).
 ALTER TABLE leases ADD COLUMN holder_label text;
 ALTER TABLE runs ADD COLUMN label text;

@@ -280,6 +280,11 @@ impl Waiter {
             }
             Some(Place::Position(_)) | None => {}
         }
+        // Released since our attempt, and nobody goes first: just try again. (Without a place,
+        // the lease row's word that waiters may exist counts, as it did for the attempt.)
+        if busy.holder.is_none() && busy.ahead == 0 && (self.ticket.is_some() || !busy.queued) {
+            return Ok(Attempt::Again);
+        }
         if cfg.wait.is_none() {
             return Ok(Attempt::Wait(busy));
         }
@@ -290,10 +295,6 @@ impl Waiter {
             info!("queued for '{}' (ticket {})", cfg.target, t.number);
             self.ticket = Some(t);
             // Try again at once, now with our place: the target may be free with nobody ahead.
-            return Ok(Attempt::Again);
-        }
-        // Released since our attempt, and nobody goes first: just try again.
-        if busy.holder.is_none() && busy.ahead == 0 {
             return Ok(Attempt::Again);
         }
         if !self.listening && db.can_listen() {

@@ -143,11 +143,12 @@ fn queue_clear(target: &str, ticket: &str, ordered: &str) -> String {
 /// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
 /// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
 ///
-/// The queue: a caller without a ticket (no `--wait`, or not yet queued) or with an unordered
-/// one does not get a free lease while any live `fifo`/`latest` waiter exists (no queue
-/// jumping); an ordered waiter gets it only when no such waiter has an earlier ticket, and only
+/// The queue: a caller without a ticket (no `--wait`, or not yet queued) does not get a free
+/// lease while a live `fifo`/`latest` waiter may exist (`queued_until`, kept on the lease row so
+/// that this, the uncontended `run`, stays one statement on one row); an unordered waiter not
+/// while any exists; an ordered waiter only when no such waiter has an earlier ticket, and only
 /// while its own row is live and not superseded. The winner's row leaves the queue in the same
-/// statement. With no waiters this is one index probe more, not one round trip more.
+/// statement.
 ///
 /// The single holder takes place 0 only while the target's N in force (`max_holders`, on that
 /// same row, so the re-check sees a committed change) is 1; otherwise, once no place is held,
@@ -165,45 +166,11 @@ pub async fn acquire(
     if who.max_holders > 1 {
         return acquire_place(client, schema, target, who).await;
     }
-    let sql = sql(
-        schema,
-        &format!(
-            "WITH acquired AS (
-                 INSERT INTO {{s}}.leases AS l
-                        (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
-                         holder_host, holder_pid, holder_label)
-                 VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
-                 ON CONFLICT (target, place) DO UPDATE
-                    SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
-                        heartbeat_at = now(), acquired_at = now(),
-                        holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
-                        holder_label = excluded.holder_label
-                  WHERE l.token = excluded.token
-                     OR (l.max_holders = 1 AND (l.token IS NULL OR {{expired}}) AND {clear})
-                 RETURNING fence, now() AS granted_at
-             ), dequeued AS (
-                 DELETE FROM {{s}}.waiters WHERE ticket = $7 AND EXISTS (SELECT 1 FROM acquired)
-             )
-             SELECT fence, granted_at FROM acquired",
-            clear = queue_clear("$1", "$7", "$8"),
-        ),
-    );
-    let number = who.ticket.map(|t| t.number);
-    let ordered = who.ticket.map(|t| t.mode.ordered());
-    let params: [(&(dyn ToSql + Sync), Type); 8] = [
-        (&target, Type::TEXT),
-        (&who.token, Type::UUID),
-        (&ms(who.ttl), Type::INT8),
-        (&who.host, Type::TEXT),
-        (&who.pid, Type::INT4),
-        (&who.label, Type::TEXT),
-        (&number, Type::INT8),
-        (&ordered, Type::BOOL),
-    ];
-    let rows = client
-        .query_typed(&sql, &params)
-        .await
-        .context("cannot acquire the lease")?;
+    let rows = match who.ticket {
+        None => acquire_unqueued(client, schema, target, who).await,
+        Some(ticket) => acquire_queued(client, schema, target, who, ticket).await,
+    }
+    .context("cannot acquire the lease")?;
     if let Some(row) = rows.first() {
         return Ok(Acquired::Held(lease_from_row(target, who, 0, row)));
     }
@@ -216,6 +183,89 @@ pub async fn acquire(
         }
         (n, _) => Ok(Acquired::Mismatch { in_force: n }),
     }
+}
+
+/// The caller has no place in the queue: the lease is free or expired and no ordered waiter
+/// may exist (`queued_until`, on the same row). This is the uncontended `run`: one statement that
+/// reads nothing but the lease row.
+async fn acquire_unqueued(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let sql = sql(
+        schema,
+        "INSERT INTO {s}.leases AS l
+                (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host,
+                 holder_pid, holder_label)
+         VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+         ON CONFLICT (target, place) DO UPDATE
+            SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                heartbeat_at = now(), acquired_at = now(),
+                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                holder_label = excluded.holder_label
+          WHERE l.token = excluded.token
+             OR (l.max_holders = 1 AND (l.token IS NULL OR {expired}) AND NOT {queued})
+         RETURNING fence, now() AS granted_at",
+    );
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
+        (&target, Type::TEXT),
+        (&who.token, Type::UUID),
+        (&ms(who.ttl), Type::INT8),
+        (&who.host, Type::TEXT),
+        (&who.pid, Type::INT4),
+        (&who.label, Type::TEXT),
+    ];
+    client.query_typed(&sql, &params).await
+}
+
+/// A waiter: the lease is free or expired, no live ordered waiter goes first and its own place
+/// is live. Its row leaves the queue in the same statement, and `queued_until` is recomputed
+/// from the waiters left.
+async fn acquire_queued(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+    ticket: Ticket,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let sql = sql(
+        schema,
+        &format!(
+            "WITH acquired AS (
+                 INSERT INTO {{s}}.leases AS l
+                        (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
+                         holder_host, holder_pid, holder_label)
+                 VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+                 ON CONFLICT (target, place) DO UPDATE
+                    SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                        heartbeat_at = now(), acquired_at = now(),
+                        holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                        holder_label = excluded.holder_label, queued_until = {{queued_until}}
+                  WHERE l.token = excluded.token
+                     OR (l.max_holders = 1 AND (l.token IS NULL OR {{expired}}) AND {clear})
+                 RETURNING fence, now() AS granted_at
+             ), dequeued AS (
+                 DELETE FROM {{s}}.waiters WHERE ticket = $7 AND EXISTS (SELECT 1 FROM acquired)
+             )
+             SELECT fence, granted_at FROM acquired",
+            clear = queue_clear("$1", "$7", "$8"),
+        ),
+    )
+    .replace("$TICKET", "$7");
+    let ordered = ticket.mode.ordered();
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        (&target, Type::TEXT),
+        (&who.token, Type::UUID),
+        (&ms(who.ttl), Type::INT8),
+        (&who.host, Type::TEXT),
+        (&who.pid, Type::INT4),
+        (&who.label, Type::TEXT),
+        (&ticket.number, Type::INT8),
+        (&ordered, Type::BOOL),
+    ];
+    client.query_typed(&sql, &params).await
 }
 
 fn lease_from_row(target: &str, who: &Contender<'_>, place: i32, row: &Row) -> Lease {
@@ -359,7 +409,9 @@ async fn claim_place(
                     heartbeat_at = now(), acquired_at = now(),
                     holder_host = CASE WHEN $9 = 0 THEN $4 END,
                     holder_pid = CASE WHEN $9 = 0 THEN $5 END,
-                    holder_label = CASE WHEN $9 = 0 THEN $6 END
+                    holder_label = CASE WHEN $9 = 0 THEN $6 END,
+                    queued_until = CASE WHEN $7::int8 IS NULL THEN l.queued_until
+                                        ELSE {queued_until} END
               WHERE l.target = $1 AND l.place = 0
              RETURNING l.fence
          ), stale AS (
@@ -382,7 +434,8 @@ async fn claim_place(
              DELETE FROM {s}.waiters WHERE ticket = $7
          )
          SELECT fence, now() AS granted_at FROM counter",
-    );
+    )
+    .replace("$TICKET", "$7");
     let row = client
         .query_typed_one(
             &claim,

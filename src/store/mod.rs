@@ -40,6 +40,18 @@ const RUNNING_MS: &str =
 const LIVE_WAITER: &str = "(w.superseded_at IS NULL
       AND w.heartbeat_at + w.ttl_ms * interval '1 millisecond' >= now())";
 
+/// A live ordered waiter of the target may exist (alias `l` for place 0 of `leases`; see
+/// `leases.queued_until` in migrations/0004_queue.sql).
+/// False, not NULL, when `queued_until` is NULL (no waiter ever).
+const QUEUED: &str = "(l.queued_until IS NOT NULL AND l.queued_until > now())";
+
+/// When the last live ordered waiter of `l.target` other than ticket `$TICKET` runs out: what
+/// `leases.queued_until` becomes when a waiter acquires or leaves.
+const QUEUED_UNTIL: &str = "(SELECT max(w.heartbeat_at + w.ttl_ms * interval '1 millisecond')
+       FROM {s}.waiters w
+      WHERE w.target = l.target AND w.queue <> 'unordered' AND {live_waiter}
+        AND w.ticket IS DISTINCT FROM $TICKET)";
+
 /// An outbox event that holds up its aggregate — dead, or not to be tried before
 /// `next_attempt_at` — as far as an index can tell: it is **exactly** the predicate of the
 /// partial index `outbox_held` (migrations/0002_relay.sql), which the planner uses only for a
@@ -51,13 +63,16 @@ const HELD: &str = "(dead_at IS NOT NULL OR next_attempt_at > created_at)";
 const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 
 /// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
-/// `{running_ms}`, `{live_waiter}`, `{held}`, `{held_now}`, then `{s}` as the quoted schema.
+/// `{running_ms}`, `{queued}`, `{queued_until}` (with `$TICKET` to replace by the caller),
+/// `{live_waiter}`, `{held}`, `{held_now}`, then `{s}` as the quoted schema.
 fn sql(schema: &Schema, template: &str) -> String {
     schema.sql(
         &template
             .replace("{expired}", EXPIRED)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
             .replace("{running_ms}", RUNNING_MS)
+            .replace("{queued}", QUEUED)
+            .replace("{queued_until}", QUEUED_UNTIL)
             .replace("{live_waiter}", LIVE_WAITER)
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW),

@@ -90,6 +90,9 @@ pub struct Busy {
     pub holders: i64,
     /// The `--max-holders` in force (1 for a single holder).
     pub in_force: i32,
+    /// The lease row says an ordered waiter may exist (`queued_until`), which is what a caller
+    /// without a place goes by.
+    pub queued: bool,
     /// Live waiters of the target, of every mode.
     pub waiting: i64,
     /// Ordered waiters that go before the caller (all of them for a caller without a place).
@@ -145,6 +148,10 @@ pub async fn join(
                FROM joined
               WHERE $2 = 'latest' AND w.target = $1 AND w.ticket < joined.ticket AND {live_waiter}
              RETURNING w.ticket
+         ), flagged AS (
+             UPDATE {s}.leases l
+                SET queued_until = greatest(l.queued_until, now() + $3 * interval '1 millisecond')
+              WHERE l.target = $1 AND l.place = 0 AND $2 <> 'unordered'
          )
          SELECT joined.ticket,
                 CASE WHEN EXISTS (SELECT 1 FROM superseded) THEN pg_notify($7, $1) END
@@ -186,7 +193,18 @@ pub async fn look(
              UPDATE {s}.waiters w SET heartbeat_at = now()
               WHERE w.ticket = $2 AND (w.superseded_at IS NOT NULL OR {live_waiter})
              RETURNING w.ticket, w.superseded_at IS NOT NULL AS superseded,
-                       w.superseded_host, w.superseded_pid, w.superseded_label
+                       w.superseded_host, w.superseded_pid, w.superseded_label, w.ttl_ms,
+                       w.queue <> 'unordered' AS ordered
+         ), flagged AS (
+             -- Keeps `queued_until` ahead of a live ordered waiter: renewed once it is within half
+             -- the waiter's TTL of running out, so not every waiter writes the lease row at
+             -- every poll.
+             UPDATE {s}.leases l
+                SET queued_until = now() + me.ttl_ms * interval '1 millisecond'
+               FROM me
+              WHERE l.target = $1 AND l.place = 0 AND me.ordered AND NOT me.superseded
+                AND (l.queued_until IS NULL
+                     OR l.queued_until < now() + me.ttl_ms * interval '0.5 millisecond')
          ), q AS (
              SELECT w.ticket, w.queue <> 'unordered' AS ordered, w.host, w.pid, w.label
                FROM {s}.waiters w WHERE w.target = $1 AND {live_waiter}
@@ -199,6 +217,8 @@ pub async fn look(
                   WHERE l.target = $1 AND l.token IS NOT NULL AND NOT {expired}) AS holders,
                 coalesce((SELECT l.max_holders FROM {s}.leases l
                            WHERE l.target = $1 AND l.place = 0), 1) AS in_force,
+                coalesce((SELECT {queued} FROM {s}.leases l
+                           WHERE l.target = $1 AND l.place = 0), false) AS queued,
                 (SELECT count(*) FROM q) AS waiting,
                 (SELECT count(*) FROM q WHERE ordered AND NOT (coalesce($3, false)
                                                                AND q.ticket >= $2)) AS ahead,
@@ -244,6 +264,7 @@ pub async fn look(
         holder,
         holders: row.get("holders"),
         in_force: row.get("in_force"),
+        queued: row.get("queued"),
         waiting: row.get("waiting"),
         ahead: row.get("ahead"),
         next,
@@ -265,10 +286,20 @@ fn place_from_row(row: &Row) -> Place {
     Place::Position(row.get("position"))
 }
 
-/// Leaves the queue (gave up, interrupted, superseded), waking the waiters behind.
+/// Leaves the queue (gave up, interrupted, superseded), waking the waiters behind, and
+/// recomputes `queued_until` from the waiters left.
 pub async fn leave(client: &Client, schema: &Schema, ticket: Ticket) -> Result<()> {
-    let sql =
-        schema.sql("DELETE FROM {s}.waiters WHERE ticket = $1 RETURNING pg_notify($2, target)");
+    let sql = sql(
+        schema,
+        "WITH gone AS (
+             DELETE FROM {s}.waiters WHERE ticket = $1 RETURNING target
+         ), flagged AS (
+             UPDATE {s}.leases l SET queued_until = {queued_until}
+               FROM gone WHERE l.target = gone.target AND l.place = 0
+         )
+         SELECT pg_notify($2, target) FROM gone",
+    )
+    .replace("$TICKET", "$1");
     let channel = schema.lease_channel();
     client
         .query_typed(

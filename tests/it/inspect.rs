@@ -187,7 +187,7 @@ const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 6;
      ALTER TABLE leases DROP COLUMN place, DROP COLUMN max_holders;
      ALTER TABLE leases ADD PRIMARY KEY (target);
      DELETE FROM schema_migrations WHERE version = 4;
-     DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label;
+     DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label, DROP COLUMN queued_until;
      ALTER TABLE runs DROP COLUMN label;
      DELETE FROM schema_migrations WHERE version = 3;
      DROP TABLE expectations, incidents; DROP INDEX runs_target_slot;

@@ -76,6 +76,9 @@ fn arrival_order(rounds: usize) {
             .collect();
         assert_eq!(got, (0..10).collect::<Vec<_>>(), "round {round}");
         assert_eq!(queued(&env, &target), 0, "the queue is empty again");
+        // And says so: a caller without --wait runs at once.
+        let o = env.run(&["run", "--target", &target, "--", "true"]);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
     }
 }
 
@@ -110,6 +113,24 @@ fn a_caller_without_wait_does_not_jump_the_queue_of_a_free_target() {
     let o = finish(w);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "ran\n");
+}
+
+#[test]
+fn a_waiter_that_gives_up_or_is_interrupted_leaves_the_queue_at_once() {
+    let env = Env::new();
+    let holder = hold_until(&env, "g", "gate", &[]);
+    let o = env.run(&["run", "--target", "g", "--wait=1s", "--", "true"]);
+    assert_one_line_error(&o, 75, "gave up waiting for 'g'");
+    let w = env.spawn(&["run", "--target", "g", "--wait", "--", "true"]);
+    wait_for("the waiter to queue", || queued(&env, "g") == 1);
+    kill(w.id(), libc::SIGTERM);
+    assert_eq!(code(&finish(w)), 143);
+    assert_eq!(queued(&env, "g"), 0);
+    open(&env, "gate");
+    assert_eq!(code(&finish(holder)), 0);
+    // Nobody queues any more: a caller without --wait is not held up for a TTL.
+    let o = env.run(&["run", "--target", "g", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
 #[test]
