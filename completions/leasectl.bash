@@ -858,7 +858,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --heartbeat --wait --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
+            opts="-q -v -h -V --target --ttl --heartbeat --wait --queue --wait-notice --label --max-holders --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -877,6 +877,22 @@ _leasectl() {
                     return 0
                     ;;
                 --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --queue)
+                    COMPREPLY=($(compgen -W "fifo latest unordered" -- "${cur}"))
+                    return 0
+                    ;;
+                --wait-notice)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-holders)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

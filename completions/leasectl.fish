@@ -47,6 +47,12 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l target -d 'Wha
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l ttl -d 'The lease expires when not renewed for this long (database clock)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l heartbeat -d 'Renewal interval [default: TTL/4]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l wait -d 'When busy, wait for the lease (forever, or up to DUR) instead of exiting 75' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l queue -d 'How waiters take turns: fifo (arrival order), latest (a new waiter supersedes every older one, which exits busy) or unordered (whoever asks first after a release)' -r -f -a "fifo\t''
+latest\t''
+unordered\t''"
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l wait-notice -d 'While waiting, say where we are in the queue every DUR (0: never) [default: 30s]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l label -d 'Shown with this caller wherever holders and waiters are (busy lines, status, runs): a commit SHA, a pipeline URL; at most 200 characters, no control characters' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l max-holders -d 'Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of the first holder stands until none is left' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l reuse-within -d 'Reuse the stored stdout of a successful run that finished less than DUR ago' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l timeout -d 'Stop the command after DUR and exit 124' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the command must stop [default: min(10s, TTL/10)]' -r

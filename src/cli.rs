@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    parse_byte_size, parse_duration, parse_schema, parse_target, parse_wait, Wait,
+    parse_byte_size, parse_duration, parse_label, parse_notice, parse_schema, parse_target,
+    parse_wait, Wait,
 };
 
 const ABOUT: &str = "Run a command at most once at a time per target, with PostgreSQL as the only \
@@ -73,7 +74,7 @@ pub struct DbArgs {
 pub enum Command {
     /// Run COMMAND under a fenced heartbeat lease on TARGET
     #[command(after_help = RUN_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show each target's lease, its last run and the outbox backlog
     #[command(
         after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json"
@@ -129,9 +130,10 @@ Example:\n  leasectl release --target nightly-report --force"
 
 const RUN_HELP: &str = "\
 At most one copy of COMMAND runs per TARGET across all hosts sharing the database. The child sees
-LEASECTL_TARGET, LEASECTL_TOKEN and LEASECTL_FENCE (a number that grows with every acquisition),
-and LEASECTL_EVENTS, a file for its own outbox events (see `leasectl emit`). Its result, an
-outbox event and its own events are stored only while the lease is still held.
+LEASECTL_TARGET, LEASECTL_TOKEN, LEASECTL_FENCE (a number that grows with every acquisition),
+LEASECTL_HOLDER_INDEX (0, or its place with --max-holders) and LEASECTL_EVENTS, a file for its
+own outbox events (see `leasectl emit`). Its result, an outbox event and its own events are stored
+only while the lease is still held.
 
 Durations: 500ms, 30s, 2m, 1h, 1d.
 
@@ -140,10 +142,22 @@ schedule at or before the database's clock plus --slot-skew, so cron lines on se
 manual run later that day) do the slot once; the others record a `skipped` run and exit 0. The
 child also sees LEASECTL_SLOT and LEASECTL_SLOT_END (RFC 3339).
 
+With --wait, waiters queue: they take the lease in arrival order (--queue fifo), and a caller
+without --wait finds the target busy while anyone queues for it (no queue jumping). With
+--queue latest, a new waiter supersedes every older one (they exit 75, naming who superseded
+them). Without a terminal, a waiter says every --wait-notice where it stands and who holds the
+target; `leasectl status` lists the waiters.
+
+With --max-holders N, up to N callers hold TARGET at once, each in its own place (the child sees
+LEASECTL_HOLDER_INDEX, 0…N−1); fences still increase with every acquisition. A caller with
+another N is a usage error while any place is held.
+
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
+  leasectl run --target deploy --wait --queue latest --label \"$GITHUB_SHA\" -- make deploy
+  leasectl run --target licence-pool --max-holders 6 --wait -- ./build
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
@@ -169,6 +183,32 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_wait, num_args = 0..=1, require_equals = true,
           default_missing_value = "forever", value_name = "DUR")]
     pub wait: Option<Wait>,
+
+    /// How waiters take turns: fifo (arrival order), latest (a new waiter supersedes every
+    /// older one, which exits busy) or unordered (whoever asks first after a release)
+    #[arg(
+        long,
+        value_enum,
+        default_value = "fifo",
+        value_name = "MODE",
+        requires = "wait"
+    )]
+    pub queue: crate::store::waiters::QueueMode,
+
+    /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
+    #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
+    pub wait_notice: Option<Duration>,
+
+    /// Shown with this caller wherever holders and waiters are (busy lines, status, runs):
+    /// a commit SHA, a pipeline URL; at most 200 characters, no control characters
+    #[arg(long, value_parser = parse_label, value_name = "TEXT")]
+    pub label: Option<String>,
+
+    /// Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of
+    /// the first holder stands until none is left
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(1..=crate::config::MAX_HOLDERS as i64))]
+    pub max_holders: i32,
 
     /// Reuse the stored stdout of a successful run that finished less than DUR ago
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]

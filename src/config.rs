@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::cli::RunArgs;
 use crate::error::usage;
 use crate::run::slot::Schedule;
+use crate::store::waiters::QueueMode;
 
 /// Longest accepted target, in Unicode scalar values.
 pub const MAX_TARGET_CHARS: usize = 200;
@@ -85,6 +86,41 @@ pub fn parse_target(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// The largest `--max-holders`.
+pub const MAX_HOLDERS: i32 = 1000;
+
+/// Longest accepted `--label`, in Unicode scalar values.
+pub const MAX_LABEL_CHARS: usize = 200;
+
+/// A `--label`: 1–200 Unicode scalar values, none of them control characters (it is shown on
+/// one line wherever holders are).
+pub fn parse_label(s: &str) -> Result<String, String> {
+    let n = s.chars().count();
+    if n == 0 {
+        return Err("the label is empty (it needs 1 to 200 characters)".into());
+    }
+    if n > MAX_LABEL_CHARS {
+        return Err(format!(
+            "the label is {n} characters long (at most {MAX_LABEL_CHARS})"
+        ));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control()) {
+        return Err(format!("the label contains the control character {:?}", c));
+    }
+    Ok(s.to_owned())
+}
+
+/// `--wait-notice`: a duration, or `0` for never.
+pub fn parse_notice(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
+/// How often a waiter says where it stands, unless told otherwise.
+pub const DEFAULT_WAIT_NOTICE: Duration = Duration::from_secs(30);
+
 /// A schema name: an ASCII letter or underscore, then letters, digits or underscores.
 ///
 /// The name is always double-quoted in SQL, so case is kept exactly as given.
@@ -144,6 +180,13 @@ pub struct RunConfig {
     pub heartbeat: Duration,
     pub kill_after: Duration,
     pub wait: Option<Wait>,
+    /// How waiters take turns (only with `wait`).
+    pub queue: QueueMode,
+    /// Every how long a waiter without a terminal prints where it stands; `None`: never.
+    pub wait_notice: Option<Duration>,
+    pub label: Option<String>,
+    /// `--max-holders`: 1 for the single holder.
+    pub max_holders: i32,
     pub reuse_within: Option<Duration>,
     pub timeout: Option<Duration>,
     pub busy_exit_code: u8,
@@ -257,6 +300,18 @@ impl RunConfig {
                 "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
             ));
         }
+        if a.max_holders > 1 && (a.slot.is_some() || a.reuse_within.is_some()) {
+            // Both decide "has this been done already?" under the lease, which only a single
+            // holder can answer for everyone.
+            let other = if a.slot.is_some() {
+                "--slot"
+            } else {
+                "--reuse-within"
+            };
+            return Err(usage(format!(
+                "--max-holders cannot go with {other}: several holders would each do the work"
+            )));
+        }
         let slot = SlotConfig::new(&a)?;
         let event_type = if a.no_event {
             None
@@ -274,6 +329,11 @@ impl RunConfig {
             heartbeat,
             kill_after,
             wait: a.wait,
+            queue: a.queue,
+            wait_notice: Some(a.wait_notice.unwrap_or(DEFAULT_WAIT_NOTICE))
+                .filter(|d| !d.is_zero()),
+            label: a.label,
+            max_holders: a.max_holders,
             reuse_within: a.reuse_within,
             timeout: a.timeout,
             busy_exit_code: a.busy_exit_code,
@@ -320,6 +380,18 @@ mod tests {
     }
 
     #[test]
+    fn labels_and_notices() {
+        assert!(parse_label("").is_err());
+        assert!(parse_label(&"x".repeat(201)).unwrap_err().contains("201"));
+        assert!(parse_label(&"é".repeat(200)).is_ok());
+        assert!(parse_label("a\tb").unwrap_err().contains("control"));
+        assert!(parse_label("https://ci.example/p/42 abc123").is_ok());
+        assert_eq!(parse_notice("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_notice("45s"), Ok(Duration::from_secs(45)));
+        assert!(parse_notice("5").is_err());
+    }
+
+    #[test]
     fn targets() {
         assert!(parse_target("").is_err());
         assert!(parse_target(&"x".repeat(201)).is_err());
@@ -349,7 +421,7 @@ mod tests {
         let crate::cli::Command::Run(args) = cli.command else {
             unreachable!()
         };
-        RunConfig::new(args)
+        RunConfig::new(*args)
     }
 
     #[test]
@@ -442,7 +514,7 @@ mod never_panic {
             argv.extend(["--", "true"].map(String::from));
             let Ok(cli) = Cli::try_parse_from(argv) else { return Ok(()) };
             let crate::cli::Command::Run(args) = cli.command else { unreachable!() };
-            if let Ok(cfg) = RunConfig::new(args) {
+            if let Ok(cfg) = RunConfig::new(*args) {
                 let now = std::time::Instant::now();
                 let longest = [Some(cfg.ttl), Some(cfg.heartbeat), Some(cfg.kill_after), cfg.timeout, cfg.reuse_within];
                 for d in longest.into_iter().flatten() {

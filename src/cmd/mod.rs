@@ -31,7 +31,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
     let db = &cli.db;
     let outcome = match cli.command {
         // These two watch the database with deadlines of their own.
-        Command::Run(a) => run::run(db, a).await,
+        Command::Run(a) => run::run(db, *a).await,
         Command::Relay(a) => relay::run(db, a).await,
         Command::Status(a) => one_shot(status::run(db, a)).await,
         Command::Runs(a) => one_shot(runs::run(db, a)).await,

@@ -36,6 +36,7 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                     "slot": r.slot.map(fmt::rfc3339),
                     "slot_end": r.slot_end.map(fmt::rfc3339),
                     "done_by": r.done_by.map(|id| id.to_string()),
+                    "label": r.label,
                 })
             })
             .collect();
@@ -64,7 +65,10 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                 status,
                 format!("{} ago", fmt::duration(fmt::millis(r.age_ms))),
                 fmt::duration(fmt::millis(r.duration_ms)),
-                format!("{} pid {}", r.host, r.pid),
+                match &r.label {
+                    Some(l) => format!("{} pid {} [{l}]", r.host, r.pid),
+                    None => format!("{} pid {}", r.host, r.pid),
+                },
             ];
             if slots {
                 row.push(r.slot.map_or("-".into(), |t| {

@@ -1,4 +1,5 @@
-//! `leasectl status [--target T] [--json]`: leases, last runs, health and the outbox backlog.
+//! `leasectl status [--target T] [--json]`: leases, their waiters, last runs, health and the
+//! outbox backlog.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,7 @@ use crate::exit::Exit;
 use crate::fmt;
 use crate::health;
 use crate::store::leases::TargetStatus;
-use crate::store::{leases, outbox};
+use crate::store::{leases, outbox, waiters};
 
 pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
@@ -32,6 +33,18 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
         .collect();
     targets.extend(health.into_iter().map(|(t, h)| (t, None, Some(h))));
     targets.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut queues: BTreeMap<String, Vec<waiters::Listed>> = BTreeMap::new();
+    for w in waiters::list(&db.client, &db.schema, args.target.as_deref()).await? {
+        queues.entry(w.target.clone()).or_default().push(w);
+    }
+    let no_waiters = Vec::new();
+    let queue_of = |target: &str| queues.get(target).unwrap_or(&no_waiters);
+    let mut places: BTreeMap<String, Vec<leases::Place>> = BTreeMap::new();
+    for p in leases::holders(&db.client, &db.schema, args.target.as_deref()).await? {
+        places.entry(p.target.clone()).or_default().push(p);
+    }
+    let no_places = Vec::new();
+    let places_of = |target: &str| places.get(target).unwrap_or(&no_places);
     let backlog = outbox::backlog(&db.client, &db.schema).await?;
     let (pending, dead, oldest) = (backlog.pending, backlog.dead, backlog.oldest_pending_ms);
 
@@ -50,8 +63,38 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                         "ttl_ms": null,
                         "last_run": null,
                         "health": health,
+                        "max_holders": 1,
+                        "holders": [],
+                        "waiters": [],
                     });
                 };
+                let holders: Vec<Value> = places_of(name)
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "index": p.index,
+                            "host": p.holder.host,
+                            "pid": p.holder.pid,
+                            "label": p.holder.label,
+                            "fence": p.holder.fence,
+                            "heartbeat_age_ms": fmt::ms(p.holder.heartbeat_age),
+                            "expired": p.expired,
+                        })
+                    })
+                    .collect();
+                let waiters: Vec<Value> = queue_of(name)
+                    .iter()
+                    .map(|w| {
+                        json!({
+                            "position": w.position,
+                            "host": w.who.host,
+                            "pid": w.who.pid,
+                            "label": w.who.label,
+                            "queue": w.queue,
+                            "waiting_ms": w.waiting_ms,
+                        })
+                    })
+                    .collect();
                 let last_run = t.last_run.as_ref().map(|r| {
                     json!({
                         "run_id": r.id.to_string(),
@@ -67,12 +110,16 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "state": t.state,
                     "holder_host": t.holder_host,
                     "holder_pid": t.holder_pid,
+                    "holder_label": t.holder_label,
                     "fence": t.fence,
                     "heartbeat_age_ms": t.heartbeat_age_ms,
                     "ttl_ms": t.ttl_ms,
                     "last_run": last_run,
                     "skipped": t.skipped,
                     "health": health,
+                    "max_holders": t.max_holders,
+                    "holders": holders,
+                    "waiters": waiters,
                 })
             })
             .collect();
@@ -104,15 +151,32 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     dash(),
                     dash(),
                     dash(),
+                    dash(),
                 ];
             };
-            let holder = match (&t.holder_host, t.holder_pid) {
-                (Some(h), Some(p)) => format!("{h} pid {p}"),
-                _ => "-".into(),
-            };
-            let heartbeat = t.heartbeat_age_ms.map_or("-".into(), |ms| {
+            let mut heartbeat = t.heartbeat_age_ms.map_or("-".into(), |ms| {
                 format!("{} ago", fmt::duration(fmt::millis(ms)))
             });
+            let mut ttl = fmt::duration(fmt::millis(t.ttl_ms));
+            let holder = match (&t.holder_host, t.holder_pid, &t.holder_label) {
+                (Some(h), Some(p), None) => format!("{h} pid {p}"),
+                (Some(h), Some(p), Some(l)) => format!("{h} pid {p} [{l}]"),
+                _ => "-".into(),
+            };
+            // Several holders (--max-holders): the first place's, and how many more.
+            let holder = match places_of(&t.target).as_slice() {
+                [first, rest @ ..] if t.max_holders > 1 => {
+                    heartbeat = format!("{} ago", fmt::duration(first.holder.heartbeat_age));
+                    ttl = fmt::duration(first.holder.ttl);
+                    let more = match rest.len() {
+                        0 => String::new(),
+                        n => format!(" (+{n} of {})", t.max_holders),
+                    };
+                    format!("{}{more}", first.holder.who())
+                }
+                _ => holder,
+            };
+            let waiting = queue_of(&t.target).len().to_string();
             let last = match &t.last_run {
                 None => "-".into(),
                 Some(r) => {
@@ -140,9 +204,10 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 t.state.clone(),
                 health,
                 holder,
+                waiting,
                 t.fence.to_string(),
                 heartbeat,
-                fmt::duration(fmt::millis(t.ttl_ms)),
+                ttl,
                 last,
             ]
         })
@@ -159,6 +224,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 "STATE",
                 "HEALTH",
                 "HOLDER",
+                "WAITERS",
                 "FENCE",
                 "HEARTBEAT",
                 "TTL",

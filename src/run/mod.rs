@@ -438,6 +438,7 @@ async fn execute(
         ("LEASECTL_TARGET", lease.target.clone()),
         ("LEASECTL_TOKEN", lease.token.to_string()),
         ("LEASECTL_FENCE", lease.fence.to_string()),
+        ("LEASECTL_HOLDER_INDEX", lease.holder_index().to_string()),
     ];
     if let Some(f) = &events_file {
         env.push((events::VAR, f.path().to_string_lossy().into_owned()));

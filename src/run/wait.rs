@@ -1,7 +1,12 @@
-//! Getting the lease: acquire, or with `--wait` sleep until it is released (NOTIFY) or due to
-//! expire (polling), sharing the result of the run we waited for when `--reuse-within` is on
-//! (singleflight). A signal or `--wait`'s limit ends the wait at any point, even in the middle
-//! of a statement.
+//! Getting the lease: acquire, or with `--wait` queue for it (`store::waiters`) and sleep until
+//! it is released or the queue moves (NOTIFY) or it is due to expire (polling), sharing the result
+//! of the run we waited for when `--reuse-within` is on (singleflight). A signal or `--wait`'s
+//! limit ends the wait at any point, even in the middle of a statement; a waiter that leaves
+//! without the lease leaves the queue too.
+//!
+//! A waiter joins the queue at its first busy attempt and renews its place at every poll (the
+//! statement that reads the queue after a busy attempt does it), so its row lives as long as it
+//! waits: a waiter that is killed is passed over once its TTL ([`waiter_ttl`]) ran out.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -16,14 +21,22 @@ use crate::config::{RunConfig, Wait};
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
 use crate::signals::Signals;
-use crate::store::leases::{self, Acquired, Lease};
+use crate::store::leases::{self, Acquired, Contender, Lease};
 use crate::store::runs::{self, Outcome};
+use crate::store::waiters::{self, Busy, Place, Ticket};
 
 /// Fallback poll while waiting, for when a NOTIFY is missed or LISTEN failed.
 const WAIT_POLL: Duration = Duration::from_secs(1);
 /// The poll behind a transaction-mode pooler, where LISTEN cannot work: it is the wake-up
 /// latency there, so shorter (one short statement per waiter per interval).
 const POOLED_POLL: Duration = Duration::from_millis(250);
+
+/// A waiter's TTL in the queue: the caller's `--ttl`, but at least 10s — a waiter renews its
+/// row at every poll (every second at most), and a loaded machine or a short outage must not
+/// cost it its place — and at most 1m, so a waiter killed with SIGKILL holds nobody up for long.
+pub(super) fn waiter_ttl(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(10), Duration::from_secs(60))
+}
 
 pub(super) enum Obtained {
     /// We hold the lease; the instant is when the acquiring statement was sent; the flag says
@@ -81,6 +94,10 @@ pub(super) async fn obtain(
         awaited: None,
         spinner: Spinner::default(),
         outage: None,
+        ticket: None,
+        since: None,
+        next_notice: None,
+        noticed: false,
     };
     let result = loop {
         let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
@@ -91,27 +108,31 @@ pub(super) async fn obtain(
         let wake = match attempt {
             Ok(Attempt::Done(obtained)) => break Ok(obtained),
             Ok(Attempt::Again) => continue,
-            Ok(Attempt::Wait(holder)) => {
+            Ok(Attempt::Wait(busy)) => {
                 if cfg.wait.is_none() {
                     if !cfg.quiet {
-                        say!("'{}' is busy: {}", cfg.target, holder.describe());
+                        say!("'{}' is busy: {}", cfg.target, describe_busy(&busy));
                     }
                     break Ok(Obtained::Done(Exit::Busy(cfg.busy_exit_code)));
                 }
                 w.outage = None;
-                w.spinner.show(format!(
-                    "waiting for '{}': {}",
-                    cfg.target,
-                    holder.describe()
-                ));
+                w.waiting(cfg, &busy);
                 // Wake at the holder's expiry or at the fallback poll, unless a release of our
-                // target is announced first.
+                // target (or a move of its queue) is announced first.
                 let poll = if db.can_listen() {
                     WAIT_POLL
                 } else {
                     POOLED_POLL
                 };
-                poll.min(holder.expires_in + Duration::from_millis(20))
+                let wake = match &busy.holder {
+                    Some(h) => poll.min(h.expires_in + Duration::from_millis(20)),
+                    None => poll,
+                };
+                // And in time for the next --wait-notice line.
+                match w.next_notice {
+                    Some(t) => wake.min(t.saturating_duration_since(Instant::now())),
+                    None => wake,
+                }
             }
             Err(e) if cfg.wait.is_some() && is_unavailable(&e) => {
                 let backoff = w.outage.map_or(Duration::from_millis(200), |d| {
@@ -149,7 +170,36 @@ pub(super) async fn obtain(
         }
     };
     w.spinner.clear();
+    match &result {
+        // The acquiring statement took us out of the queue.
+        Ok(Obtained::Lease(..)) => w.acquired(cfg),
+        // Leave it, best-effort: otherwise the waiters behind wait out our TTL.
+        _ => w.leave(db, cfg).await,
+    }
     result
+}
+
+/// The one line of a busy caller that does not wait: the holder, or the queue that goes first.
+fn describe_busy(busy: &Busy) -> String {
+    let n = busy.waiting;
+    let callers = if n == 1 { "caller" } else { "callers" };
+    let places = match busy.in_force {
+        1 => String::new(),
+        max => format!(
+            "{} of {max} places held; the first to expire is ",
+            busy.holders
+        ),
+    };
+    match (&busy.holder, &busy.next) {
+        (Some(h), _) if n == 0 => format!("{places}{}", h.describe()),
+        (Some(h), _) => format!("{places}{}; {n} {callers} waiting", h.describe()),
+        (None, next) => {
+            let next = next
+                .as_ref()
+                .map_or(String::new(), |w| format!(" (next: {w})"));
+            format!("not held, but {n} {callers} queue for it{next}; only --wait joins the queue")
+        }
+    }
 }
 
 /// The state of one caller waiting for a lease.
@@ -160,14 +210,22 @@ struct Waiter {
     spinner: Spinner,
     /// Backoff while the database is unreachable.
     outage: Option<Duration>,
+    /// Our place in the queue, once we wait.
+    ticket: Option<Ticket>,
+    /// When we first found the target busy.
+    since: Option<Instant>,
+    /// When the next `--wait-notice` line is due.
+    next_notice: Option<Instant>,
+    /// Whether the wait was reported: a `--wait-notice` line, or the spinner.
+    noticed: bool,
 }
 
 enum Attempt {
     Done(Obtained),
     /// Try again at once.
     Again,
-    /// Busy: this is the holder.
-    Wait(leases::Holder),
+    /// Busy: the holder and the queue.
+    Wait(Busy),
 }
 
 impl Waiter {
@@ -178,25 +236,68 @@ impl Waiter {
             }
         }
         let sent = Instant::now();
-        let holder = match leases::acquire(
-            &db.client,
-            &db.schema,
-            &cfg.target,
-            me.token,
-            cfg.ttl,
-            &me.host,
-            me.pid,
-        )
-        .await?
-        {
+        let who = Contender {
+            token: me.token,
+            ttl: cfg.ttl,
+            host: &me.host,
+            pid: me.pid,
+            label: cfg.label.as_deref(),
+            ticket: self.ticket,
+            max_holders: cfg.max_holders,
+        };
+        let busy = match leases::acquire(&db.client, &db.schema, &cfg.target, &who).await? {
             Acquired::Held(l) => {
                 return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
             }
-            // Released between our attempt and the look at its holder: just try again.
-            Acquired::Busy(None) => return Ok(Attempt::Again),
-            Acquired::Busy(Some(h)) => h,
+            Acquired::Busy(b) => b,
+            Acquired::Mismatch { in_force } => {
+                return Err(crate::error::usage(format!(
+                    "'{}' is held with --max-holders {in_force} (the N of its first holder stands until none is left); this caller asked for {}",
+                    cfg.target, cfg.max_holders
+                )));
+            }
         };
-        if cfg.wait.is_some() && !self.listening && db.can_listen() {
+        match &busy.mine {
+            Some(Place::Superseded(by)) => {
+                if !cfg.quiet {
+                    say!(
+                        "superseded in the queue for '{}' by {by} (--queue latest)",
+                        cfg.target
+                    );
+                }
+                return Ok(Attempt::Done(Obtained::Done(Exit::Busy(
+                    cfg.busy_exit_code,
+                ))));
+            }
+            // Our row's TTL ran out (we were paused, or cut off, for that long): we lost our
+            // place and join again, at the back.
+            Some(Place::Lost) => {
+                info!(
+                    "lost our place in the queue for '{}'; joining again",
+                    cfg.target
+                );
+                self.ticket = None;
+            }
+            Some(Place::Position(_)) | None => {}
+        }
+        // Released since our attempt, and nobody goes first: just try again. (Without a place,
+        // the lease row's word that waiters may exist counts, as it did for the attempt.)
+        if busy.holder.is_none() && busy.ahead == 0 && (self.ticket.is_some() || !busy.queued) {
+            return Ok(Attempt::Again);
+        }
+        if cfg.wait.is_none() {
+            return Ok(Attempt::Wait(busy));
+        }
+        if self.ticket.is_none() {
+            let me = (me.host.as_str(), me.pid, cfg.label.as_deref());
+            let ttl = waiter_ttl(cfg.ttl);
+            let t = waiters::join(&db.client, &db.schema, &cfg.target, cfg.queue, ttl, me).await?;
+            info!("queued for '{}' (ticket {})", cfg.target, t.number);
+            self.ticket = Some(t);
+            // Try again at once, now with our place: the target may be free with nobody ahead.
+            return Ok(Attempt::Again);
+        }
+        if !self.listening && db.can_listen() {
             self.listening = true;
             // LISTEN may be unavailable (e.g. behind a transaction pooler); polling still works.
             match db::notify::listen(&db.client, &db.schema.lease_channel()).await {
@@ -210,11 +311,65 @@ impl Waiter {
                 ),
             }
         }
-        if cfg.wait.is_some() && self.awaited != Some(holder.fence) {
-            info!("waiting for '{}': {}", cfg.target, holder.describe());
-            self.awaited = Some(holder.fence);
+        if let Some(holder) = &busy.holder {
+            if self.awaited != Some(holder.fence) {
+                info!("waiting for '{}': {}", cfg.target, holder.describe());
+                self.awaited = Some(holder.fence);
+            }
         }
-        Ok(Attempt::Wait(holder))
+        Ok(Attempt::Wait(busy))
+    }
+
+    /// Shows where we stand: on a terminal in the spinner; otherwise one line every
+    /// `--wait-notice` (the first after one interval, so that a short wait stays silent in logs).
+    fn waiting(&mut self, cfg: &RunConfig, busy: &Busy) {
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        let msg = standing(cfg, busy);
+        if std::io::stderr().is_terminal() {
+            self.spinner.show(msg);
+            self.noticed = true;
+            return;
+        }
+        let Some(every) = cfg.wait_notice.filter(|_| !cfg.quiet) else {
+            return;
+        };
+        let due = *self
+            .next_notice
+            .get_or_insert_with(|| crate::config::deadline(since, every));
+        if now >= due {
+            say!("{msg}");
+            self.noticed = true;
+            self.next_notice = Some(crate::config::deadline(now, every));
+        }
+    }
+
+    /// After a wait that was reported (a `--wait-notice` line, or the spinner): one line with
+    /// how long it took (unless `--wait-notice 0` or `--quiet`).
+    fn acquired(&self, cfg: &RunConfig) {
+        let wanted = self.noticed && cfg.wait_notice.is_some() && !cfg.quiet;
+        if let (Some(since), true) = (self.since, wanted) {
+            say!(
+                "acquired '{}' after waiting {}",
+                cfg.target,
+                crate::fmt::duration(since.elapsed())
+            );
+        }
+    }
+
+    /// Leaves the queue, if we joined it: best-effort, briefly (a signal may be waiting for
+    /// our exit, and a row left behind only costs the others its TTL).
+    async fn leave(&mut self, db: &Db, cfg: &RunConfig) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let until = Instant::now() + Duration::from_secs(2);
+        if let Err(e) = bounded(until, waiters::leave(&db.client, &db.schema, ticket)).await {
+            info!(
+                "could not leave the queue for '{}' ({e:#}); it expires with its TTL",
+                cfg.target
+            );
+        }
     }
 
     /// The exit code when waiting ends without the lease.
@@ -268,6 +423,31 @@ async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Ex
     info!("sharing the result of run {} (fence {fence})", run.id);
     print_stdout(cfg, &run.stdout)?;
     Ok(Some(Exit::Code(exit)))
+}
+
+/// `waiting for 'deploy' (position 2 of 3; held by ci-7 pid 4411 [abc123], running 3m12s)`.
+fn standing(cfg: &RunConfig, busy: &Busy) -> String {
+    let place = match &busy.mine {
+        Some(Place::Position(p)) => format!("position {p} of {}", busy.waiting),
+        _ => format!("{} waiting", busy.waiting),
+    };
+    let held = match (&busy.holder, &busy.next) {
+        (Some(h), _) if busy.in_force > 1 => format!(
+            "{} of {} places held; next to free: {}, running {}",
+            busy.holders,
+            busy.in_force,
+            h.who(),
+            crate::fmt::duration(h.running)
+        ),
+        (Some(h), _) => format!(
+            "held by {}, running {}",
+            h.who(),
+            crate::fmt::duration(h.running)
+        ),
+        (None, Some(next)) => format!("not held; next in line: {next}"),
+        (None, None) => "not held".to_owned(),
+    };
+    format!("waiting for '{}' ({place}; {held})", cfg.target)
 }
 
 /// A spinner on stderr while waiting, for people only: nothing is drawn unless stderr is a

@@ -128,8 +128,12 @@ pub async fn watched(
                  WHERE r.target = e.target AND r.outcome NOT IN ('skipped', 'lost')
                  ORDER BY r.finished_at DESC LIMIT 1
            ) lr ON true
-           LEFT JOIN {s}.leases l
-                  ON l.target = e.target AND l.token IS NOT NULL AND NOT {expired}
+           -- The longest-running live holder (of several, with --max-holders).
+           LEFT JOIN LATERAL (
+                SELECT l.holder_host, l.holder_pid, l.fence, l.acquired_at FROM {s}.leases l
+                 WHERE l.target = e.target AND l.token IS NOT NULL AND NOT {expired}
+                 ORDER BY l.acquired_at LIMIT 1
+           ) l ON true
           WHERE (e.schedule IS NOT NULL OR e.every_ms IS NOT NULL OR e.max_duration_ms IS NOT NULL)
             AND ($1::text[] IS NULL OR e.target = ANY ($1))
           ORDER BY e.target",

@@ -16,6 +16,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
+use super::waiters::{self, Busy, Ticket};
 use super::{ms, sql};
 use crate::db::Schema;
 
@@ -28,6 +29,17 @@ pub struct Lease {
     /// The database's clock when it granted the lease; with the local monotonic clock it dates
     /// the run on the database clock (see [`DbClock`]).
     pub granted_at: SystemTime,
+    /// `--label`, stored with the holder and the run.
+    pub label: Option<String>,
+    /// The row: 0 for the single holder, 1…N for one of `--max-holders` N.
+    pub place: i32,
+}
+
+impl Lease {
+    /// `LEASECTL_HOLDER_INDEX`: 0…N−1.
+    pub fn holder_index(&self) -> i32 {
+        (self.place - 1).max(0)
+    }
 }
 
 /// Dates events on the database's clock without asking it again: the time the database
@@ -49,6 +61,9 @@ impl DbClock {
 pub struct Holder {
     pub host: Option<String>,
     pub pid: Option<i32>,
+    pub label: Option<String>,
+    /// How long it has held the lease.
+    pub running: Duration,
     pub fence: i64,
     pub ttl: Duration,
     pub heartbeat_age: Duration,
@@ -57,12 +72,21 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn describe(&self) -> String {
-        let who = match (&self.host, self.pid) {
+    /// `ci-7 pid 4411 [label]`.
+    pub fn who(&self) -> String {
+        let mut who = match (&self.host, self.pid) {
             (Some(h), Some(p)) => format!("{h} pid {p}"),
             (Some(h), None) => h.clone(),
             _ => "an unknown holder".into(),
         };
+        if let Some(l) = &self.label {
+            who.push_str(&format!(" [{l}]"));
+        }
+        who
+    }
+
+    pub fn describe(&self) -> String {
+        let who = self.who();
         format!(
             "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
             self.fence,
@@ -74,15 +98,61 @@ impl Holder {
 
 pub enum Acquired {
     Held(Lease),
-    /// Someone else holds it. `None`: it was released between our attempt and our look at the
-    /// holder, so trying again at once is right.
-    Busy(Option<Holder>),
+    /// Someone else holds it, or waiters go first: the holder and the queue.
+    Busy(Busy),
+    /// The target's holders have another `--max-holders` (this N stands until no place is
+    /// held).
+    Mismatch {
+        in_force: i32,
+    },
 }
 
-/// Takes the lease if it is free or its holder's TTL has run out, in one statement.
+/// Who asks for a lease, as the acquiring statement records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Contender<'a> {
+    /// The caller's for all its attempts (see [`acquire`]).
+    pub token: Uuid,
+    pub ttl: Duration,
+    pub host: &'a str,
+    pub pid: i32,
+    pub label: Option<&'a str>,
+    /// The caller's place in the queue, once it waits (see [`super::waiters`]).
+    pub ticket: Option<Ticket>,
+    /// `--max-holders`: 1 for the single holder.
+    pub max_holders: i32,
+}
+
+/// No live ordered waiter goes before the caller, and the caller's own place (if it has one)
+/// is live: the queue's half of "may this caller take the lease now". `$target`, `$ticket`
+/// (int8, NULL without a place) and `$ordered` (bool) name the statement's parameters.
+fn queue_clear(target: &str, ticket: &str, ordered: &str) -> String {
+    format!(
+        "(NOT EXISTS (
+              SELECT 1 FROM {{s}}.waiters w
+               WHERE w.target = {target} AND w.queue <> 'unordered' AND {{live_waiter}}
+                 AND NOT (coalesce({ordered}, false) AND w.ticket >= {ticket}))
+          AND ({ticket}::int8 IS NULL OR EXISTS (
+              SELECT 1 FROM {{s}}.waiters w WHERE w.ticket = {ticket} AND {{live_waiter}})))"
+    )
+}
+
+/// Takes the lease if it is free or its holder's TTL has run out — and no live ordered waiter
+/// goes first — in one statement. With `--max-holders` above 1, takes a free place instead
+/// ([`acquire_place`]).
 ///
 /// A concurrent acquirer blocks on the row lock of `ON CONFLICT DO UPDATE` and then re-checks
 /// the WHERE against the committed winner, so exactly one of any number of racers gets the row.
+///
+/// The queue: a caller without a ticket (no `--wait`, or not yet queued) does not get a free
+/// lease while a live `fifo`/`latest` waiter may exist (`queued_until`, kept on the lease row so
+/// that this, the uncontended `run`, stays one statement on one row); an unordered waiter not
+/// while any exists; an ordered waiter only when no such waiter has an earlier ticket, and only
+/// while its own row is live and not superseded. The winner's row leaves the queue in the same
+/// statement.
+///
+/// The single holder takes place 0 only while the target's N in force (`max_holders`, on that
+/// same row, so the re-check sees a committed change) is 1; otherwise, once no place is held,
+/// [`acquire_place`] sets it back under the target's lock.
 ///
 /// `token` is the caller's for all its attempts: an attempt the caller gave up on (its
 /// statement stalled past the client's deadline) may still commit, and the lease it took is
@@ -91,67 +161,310 @@ pub async fn acquire(
     client: &Client,
     schema: &Schema,
     target: &str,
-    token: Uuid,
-    ttl: Duration,
-    host: &str,
-    pid: i32,
+    who: &Contender<'_>,
 ) -> Result<Acquired> {
+    if who.max_holders > 1 {
+        return acquire_place(client, schema, target, who).await;
+    }
+    let rows = match who.ticket {
+        None => acquire_unqueued(client, schema, target, who).await,
+        Some(ticket) => acquire_queued(client, schema, target, who, ticket).await,
+    }
+    .context("cannot acquire the lease")?;
+    if let Some(row) = rows.first() {
+        return Ok(Acquired::Held(lease_from_row(target, who, 0, row)));
+    }
+    let busy = waiters::look(client, schema, target, who.ticket).await?;
+    match (busy.in_force, busy.holders) {
+        (1, _) => Ok(Acquired::Busy(busy)),
+        (n, 0) => {
+            info!("'{target}' had --max-holders {n} and is idle; taking it as a single holder");
+            acquire_place(client, schema, target, who).await
+        }
+        (n, _) => Ok(Acquired::Mismatch { in_force: n }),
+    }
+}
+
+/// The caller has no place in the queue: the lease is free or expired and no ordered waiter
+/// may exist (`queued_until`, on the same row). This is the uncontended `run`: one statement that
+/// reads nothing but the lease row.
+async fn acquire_unqueued(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
     let sql = sql(
         schema,
         "INSERT INTO {s}.leases AS l
-                (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host, holder_pid)
-         VALUES ($1, $2, 1, $3, now(), now(), $4, $5)
-         ON CONFLICT (target) DO UPDATE
+                (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host,
+                 holder_pid, holder_label)
+         VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+         ON CONFLICT (target, place) DO UPDATE
             SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
                 heartbeat_at = now(), acquired_at = now(),
-                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid
-          WHERE l.token IS NULL OR {expired} OR l.token = excluded.token
+                holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                holder_label = excluded.holder_label
+          WHERE l.token = excluded.token
+             OR (l.max_holders = 1 AND (l.token IS NULL OR {expired}) AND NOT {queued})
          RETURNING fence, now() AS granted_at",
     );
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+    let params: [(&(dyn ToSql + Sync), Type); 6] = [
         (&target, Type::TEXT),
-        (&token, Type::UUID),
-        (&ms(ttl), Type::INT8),
-        (&host, Type::TEXT),
-        (&pid, Type::INT4),
+        (&who.token, Type::UUID),
+        (&ms(who.ttl), Type::INT8),
+        (&who.host, Type::TEXT),
+        (&who.pid, Type::INT4),
+        (&who.label, Type::TEXT),
     ];
-    let rows = client
-        .query_typed(&sql, &params)
-        .await
-        .context("cannot acquire the lease")?;
-    if let Some(row) = rows.first() {
-        return Ok(Acquired::Held(Lease {
-            target: target.to_owned(),
-            token,
-            fence: row.get("fence"),
-            granted_at: row.get("granted_at"),
-        }));
-    }
-    Ok(Acquired::Busy(holder(client, schema, target).await?))
+    client.query_typed(&sql, &params).await
 }
 
-/// The live holder of `target`, if any.
-pub async fn holder(client: &Client, schema: &Schema, target: &str) -> Result<Option<Holder>> {
+/// A waiter: the lease is free or expired, no live ordered waiter goes first and its own place
+/// is live. Its row leaves the queue in the same statement, and `queued_until` is recomputed
+/// from the waiters left.
+async fn acquire_queued(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+    ticket: Ticket,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
     let sql = sql(
         schema,
-        "SELECT l.holder_host, l.holder_pid, l.fence, l.ttl_ms, {heartbeat_age_ms} AS age_ms
-           FROM {s}.leases l
-          WHERE l.target = $1 AND l.token IS NOT NULL",
-    );
-    let rows = client
-        .query_typed(&sql, &[(&target, Type::TEXT)])
-        .await
-        .context("cannot read the lease")?;
-    Ok(rows.first().map(holder_from_row))
+        &format!(
+            "WITH acquired AS (
+                 INSERT INTO {{s}}.leases AS l
+                        (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
+                         holder_host, holder_pid, holder_label)
+                 VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+                 ON CONFLICT (target, place) DO UPDATE
+                    SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                        heartbeat_at = now(), acquired_at = now(),
+                        holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                        holder_label = excluded.holder_label, queued_until = {{queued_until}}
+                  WHERE l.token = excluded.token
+                     OR (l.max_holders = 1 AND (l.token IS NULL OR {{expired}}) AND {clear})
+                 RETURNING fence, now() AS granted_at
+             ), dequeued AS (
+                 DELETE FROM {{s}}.waiters WHERE ticket = $7 AND EXISTS (SELECT 1 FROM acquired)
+             )
+             SELECT fence, granted_at FROM acquired",
+            clear = queue_clear("$1", "$7", "$8"),
+        ),
+    )
+    .replace("$TICKET", "$7");
+    let ordered = ticket.mode.ordered();
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        (&target, Type::TEXT),
+        (&who.token, Type::UUID),
+        (&ms(who.ttl), Type::INT8),
+        (&who.host, Type::TEXT),
+        (&who.pid, Type::INT4),
+        (&who.label, Type::TEXT),
+        (&ticket.number, Type::INT8),
+        (&ordered, Type::BOOL),
+    ];
+    client.query_typed(&sql, &params).await
 }
 
-/// A holder from a row with the columns holder_host, holder_pid, fence, ttl_ms and age_ms.
-fn holder_from_row(r: &Row) -> Holder {
+fn lease_from_row(target: &str, who: &Contender<'_>, place: i32, row: &Row) -> Lease {
+    Lease {
+        target: target.to_owned(),
+        token: who.token,
+        fence: row.get("fence"),
+        granted_at: row.get("granted_at"),
+        label: who.label.map(str::to_owned),
+        place,
+    }
+}
+
+/// What [`claim_place`] decided under the target's lock.
+enum Claim {
+    Held(Lease),
+    Busy,
+    Mismatch(i32),
+}
+
+/// Takes a place of a target with `--max-holders` N (or, N = 1, place 0 of a target whose N in
+/// force must go back to 1), in one transaction that first locks the target's place-0 row.
+///
+/// Why a transaction and not one statement: choosing a free place and checking the N in force
+/// read *other* rows, and a statement that waited for a row lock still reads them as of its
+/// start — two acquirers could pick the same place, or hold with different N. Every change of
+/// places and of the N in force happens under this lock (the single holder's statement only
+/// takes place 0 while the N in force, on that locked row, is 1), and the statements after the
+/// lock see everything committed before it. Five round trips; the uncontended single holder
+/// never comes here.
+pub async fn acquire_place(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Acquired> {
+    client
+        .batch_execute("BEGIN")
+        .await
+        .context("cannot acquire the lease")?;
+    let claimed = claim_place(client, schema, target, who).await;
+    let end = if matches!(claimed, Ok(Claim::Held(_))) {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    let ended = client.batch_execute(end).await;
+    let claim = claimed.context("cannot acquire the lease")?;
+    ended.context("cannot acquire the lease")?;
+    Ok(match claim {
+        Claim::Held(l) => Acquired::Held(l),
+        Claim::Mismatch(n) => Acquired::Mismatch { in_force: n },
+        Claim::Busy => Acquired::Busy(waiters::look(client, schema, target, who.ticket).await?),
+    })
+}
+
+async fn claim_place(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Claim> {
+    // The target's row (place 0), created if need be, locked until the end of the transaction.
+    let lock = schema.sql(
+        "INSERT INTO {s}.leases AS l (target, place, fence, ttl_ms, heartbeat_at, acquired_at)
+         VALUES ($1, 0, 0, $2, now(), now())
+         ON CONFLICT (target, place) DO UPDATE SET max_holders = l.max_holders",
+    );
+    client
+        .execute_typed(&lock, &[(&target, Type::TEXT), (&ms(who.ttl), Type::INT8)])
+        .await?;
+    let number = who.ticket.map(|t| t.number);
+    let ordered = who.ticket.map(|t| t.mode.ordered());
+    let read = sql(
+        schema,
+        &format!(
+            "SELECT l.place, l.max_holders, l.token = $2 AS mine,
+                    l.token IS NOT NULL AND NOT {{expired}} AS live, {clear} AS clear
+               FROM {{s}}.leases l WHERE l.target = $1 ORDER BY l.place",
+            clear = queue_clear("$1", "$3", "$4"),
+        ),
+    );
+    let rows = client
+        .query_typed(
+            &read,
+            &[
+                (&target, Type::TEXT),
+                (&who.token, Type::UUID),
+                (&number, Type::INT8),
+                (&ordered, Type::BOOL),
+            ],
+        )
+        .await?;
+    let live: Vec<i32> = rows
+        .iter()
+        .filter(|r| r.get::<_, Option<bool>>("live") == Some(true))
+        .map(|r| r.get("place"))
+        .collect();
+    // An attempt of ours that committed after we gave up on it.
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.get::<_, Option<bool>>("mine") == Some(true) && r.get::<_, bool>("live"))
+    {
+        let place: i32 = r.get("place");
+        let again = schema.sql(
+            "SELECT fence, now() AS granted_at FROM {s}.leases WHERE target = $1 AND place = $2",
+        );
+        let row = client
+            .query_typed_one(&again, &[(&target, Type::TEXT), (&place, Type::INT4)])
+            .await?;
+        return Ok(Claim::Held(lease_from_row(target, who, place, &row)));
+    }
+    let n = who.max_holders;
+    let in_force = rows
+        .first()
+        .filter(|_| !live.is_empty())
+        .map_or(n, |r| r.get("max_holders"));
+    if in_force != n {
+        return Ok(Claim::Mismatch(in_force));
+    }
+    if !rows.first().is_some_and(|r| r.get::<_, bool>("clear")) {
+        return Ok(Claim::Busy);
+    }
+    let place = if n == 1 {
+        Some(0).filter(|_| live.is_empty())
+    } else {
+        (1..=n).find(|p| !live.contains(p))
+    };
+    let Some(place) = place else {
+        return Ok(Claim::Busy);
+    };
+    // Place 0 counts the fences of every place. Tokens left on rows that are not live (expired
+    // holders of the other mode) are cleared, so a paused old holder cannot renew them later.
+    let claim = sql(
+        schema,
+        "WITH counter AS (
+             UPDATE {s}.leases l
+                SET fence = l.fence + 1, max_holders = $8,
+                    token = CASE WHEN $9 = 0 THEN $2 END,
+                    ttl_ms = CASE WHEN $9 = 0 THEN $3 ELSE l.ttl_ms END,
+                    heartbeat_at = now(), acquired_at = now(),
+                    holder_host = CASE WHEN $9 = 0 THEN $4 END,
+                    holder_pid = CASE WHEN $9 = 0 THEN $5 END,
+                    holder_label = CASE WHEN $9 = 0 THEN $6 END,
+                    queued_until = CASE WHEN $7::int8 IS NULL THEN l.queued_until
+                                        ELSE {queued_until} END
+              WHERE l.target = $1 AND l.place = 0
+             RETURNING l.fence
+         ), stale AS (
+             UPDATE {s}.leases l
+                SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL
+              WHERE l.target = $1 AND l.place NOT IN (0, $9) AND l.token IS NOT NULL
+                AND {expired}
+         ), placed AS (
+             INSERT INTO {s}.leases AS l
+                    (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
+                     holder_host, holder_pid, holder_label, max_holders)
+             SELECT $1, $9, $2, counter.fence, $3, now(), now(), $4, $5, $6, $8
+               FROM counter WHERE $9 > 0
+             ON CONFLICT (target, place) DO UPDATE
+                SET token = excluded.token, fence = excluded.fence, ttl_ms = excluded.ttl_ms,
+                    heartbeat_at = now(), acquired_at = now(),
+                    holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                    holder_label = excluded.holder_label, max_holders = excluded.max_holders
+         ), dequeued AS (
+             DELETE FROM {s}.waiters WHERE ticket = $7
+         )
+         SELECT fence, now() AS granted_at FROM counter",
+    )
+    .replace("$TICKET", "$7");
+    let row = client
+        .query_typed_one(
+            &claim,
+            &[
+                (&target, Type::TEXT),
+                (&who.token, Type::UUID),
+                (&ms(who.ttl), Type::INT8),
+                (&who.host, Type::TEXT),
+                (&who.pid, Type::INT4),
+                (&who.label, Type::TEXT),
+                (&number, Type::INT8),
+                (&n, Type::INT4),
+                (&place, Type::INT4),
+            ],
+        )
+        .await?;
+    Ok(Claim::Held(lease_from_row(target, who, place, &row)))
+}
+
+/// A holder from a row with the columns holder_host, holder_pid, holder_label, fence, ttl_ms,
+/// age_ms and running_ms.
+pub(super) fn holder_from_row(r: &Row) -> Holder {
     let ttl_ms: i64 = r.get("ttl_ms");
     let age_ms: i64 = r.get("age_ms");
     Holder {
         host: r.get("holder_host"),
         pid: r.get("holder_pid"),
+        label: r.get("holder_label"),
+        running: crate::fmt::millis(r.get("running_ms")),
         fence: r.get("fence"),
         ttl: crate::fmt::millis(ttl_ms),
         heartbeat_age: crate::fmt::millis(age_ms),
@@ -180,7 +493,8 @@ pub async fn heartbeat(
 /// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
 pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
     let sql = schema.sql(
-        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL
+        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL,
+                holder_label = NULL
           WHERE target = $1 AND token = $2
          RETURNING pg_notify($3, target)",
     );
@@ -199,32 +513,34 @@ pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<
     Ok(!rows.is_empty())
 }
 
-/// Operator override: frees `target` whoever holds it. Returns the holder it had, if any.
-/// The fence is kept, so the next acquisition is still numbered higher. One statement, so the
-/// holder reported is the one that was actually released.
-pub async fn force_release(
-    client: &Client,
-    schema: &Schema,
-    target: &str,
-) -> Result<Option<Holder>> {
+/// Operator override: frees `target` whoever holds it — every place, with `--max-holders`.
+/// Returns the holders it had, by place. The fence is kept, so the next acquisition is still
+/// numbered higher. One statement, so the holders reported are the ones actually released.
+pub async fn force_release(client: &Client, schema: &Schema, target: &str) -> Result<Vec<Holder>> {
     let sql = sql(
         schema,
         "WITH old AS (
-             SELECT l.target, l.holder_host, l.holder_pid, l.fence, l.ttl_ms,
-                    {heartbeat_age_ms} AS age_ms
+             SELECT l.target, l.place, l.holder_host, l.holder_pid, l.holder_label, l.fence,
+                    l.ttl_ms, {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
                FROM {s}.leases l WHERE l.target = $1 AND l.token IS NOT NULL FOR UPDATE
          )
-         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
-           FROM old WHERE l.target = old.target
-         RETURNING old.holder_host, old.holder_pid, old.fence, old.ttl_ms, old.age_ms,
-                   pg_notify($2, l.target)",
+         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
+                holder_label = NULL
+           FROM old WHERE l.target = old.target AND l.place = old.place
+         RETURNING old.place, old.holder_host, old.holder_pid, old.holder_label, old.fence,
+                   old.ttl_ms, old.age_ms, old.running_ms, pg_notify($2, l.target)",
     );
     let channel = schema.lease_channel();
     let rows = client
         .query_typed(&sql, &[(&target, Type::TEXT), (&channel, Type::TEXT)])
         .await
         .context("cannot release the lease")?;
-    Ok(rows.first().map(holder_from_row))
+    let mut holders: Vec<(i32, Holder)> = rows
+        .iter()
+        .map(|r| (r.get("place"), holder_from_row(r)))
+        .collect();
+    holders.sort_by_key(|(place, _)| *place);
+    Ok(holders.into_iter().map(|(_, h)| h).collect())
 }
 
 /// One target as `status` shows it: its lease and its newest run.
@@ -235,7 +551,11 @@ pub struct TargetStatus {
     pub state: String,
     pub holder_host: Option<String>,
     pub holder_pid: Option<i32>,
+    pub holder_label: Option<String>,
+    /// The target's fence counter: the last fence handed out, of any place.
     pub fence: i64,
+    /// The `--max-holders` of the current (or last) holders.
+    pub max_holders: i32,
     /// `None` while the target is free.
     pub heartbeat_age_ms: Option<i64>,
     pub ttl_ms: i64,
@@ -243,6 +563,42 @@ pub struct TargetStatus {
     pub last_run: Option<LastRun>,
     /// How many `run --slot` callers found their slot done (among the stored runs).
     pub skipped: i64,
+}
+
+/// One holder of a target (with a token, live or expired), for `status`.
+#[derive(Debug)]
+pub struct Place {
+    pub target: String,
+    /// `LEASECTL_HOLDER_INDEX` of the holder.
+    pub index: i32,
+    pub holder: Holder,
+    pub expired: bool,
+}
+
+/// Every holder of every target (or just `target`), by target and place.
+pub async fn holders(client: &Client, schema: &Schema, target: Option<&str>) -> Result<Vec<Place>> {
+    let sql = sql(
+        schema,
+        "SELECT l.target, greatest(l.place - 1, 0) AS index, {expired} AS expired,
+                l.holder_host, l.holder_pid, l.holder_label, l.fence, l.ttl_ms,
+                {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
+           FROM {s}.leases l
+          WHERE ($1::text IS NULL OR l.target = $1) AND l.token IS NOT NULL
+          ORDER BY l.target, l.place",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT)])
+        .await
+        .context("cannot read the holders")?;
+    Ok(rows
+        .iter()
+        .map(|r| Place {
+            target: r.get("target"),
+            index: r.get("index"),
+            holder: holder_from_row(r),
+            expired: r.get("expired"),
+        })
+        .collect())
 }
 
 /// The newest run of a target, for `status`.
@@ -268,9 +624,9 @@ pub async fn status(
     let sql = sql(
         schema,
         "SELECT l.target,
-                CASE WHEN l.token IS NULL THEN 'free' WHEN {expired} THEN 'expired'
-                     ELSE 'held' END AS state,
-                l.holder_host, l.holder_pid, l.fence,
+                CASE WHEN p.live > 0 THEN 'held' WHEN p.tokens > 0 THEN 'expired'
+                     ELSE 'free' END AS state,
+                l.holder_host, l.holder_pid, l.holder_label, l.fence, l.max_holders,
                 CASE WHEN l.token IS NOT NULL THEN {heartbeat_age_ms} END AS heartbeat_age_ms,
                 l.ttl_ms,
                 r.id AS run_id, r.outcome, r.exit_code, r.signal, r.finished_at,
@@ -280,12 +636,20 @@ pub async fn status(
                   WHERE k.target = l.target AND k.slot IS NOT NULL AND k.outcome = 'skipped')
                   AS skipped
            FROM {s}.leases l
+           -- Every place of the target (place 0 alone without --max-holders).
+           CROSS JOIN LATERAL (
+                SELECT count(*) FILTER (WHERE a.token IS NOT NULL) AS tokens,
+                       count(*) FILTER (WHERE a.token IS NOT NULL
+                           AND a.heartbeat_at + a.ttl_ms * interval '1 millisecond' >= now())
+                         AS live
+                  FROM {s}.leases a WHERE a.target = l.target
+           ) p
            LEFT JOIN LATERAL (
                 SELECT * FROM {s}.runs
                  WHERE runs.target = l.target AND runs.outcome <> 'skipped'
                  ORDER BY finished_at DESC LIMIT 1
            ) r ON true
-          WHERE $1::text IS NULL OR l.target = $1
+          WHERE ($1::text IS NULL OR l.target = $1) AND l.place = 0
           ORDER BY l.target",
     );
     let rows = client
@@ -299,7 +663,9 @@ pub async fn status(
             state: r.get("state"),
             holder_host: r.get("holder_host"),
             holder_pid: r.get("holder_pid"),
+            holder_label: r.get("holder_label"),
             fence: r.get("fence"),
+            max_holders: r.get("max_holders"),
             heartbeat_age_ms: r.get("heartbeat_age_ms"),
             ttl_ms: r.get("ttl_ms"),
             last_run: r.get::<_, Option<Uuid>>("run_id").map(|id| LastRun {

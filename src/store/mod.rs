@@ -6,6 +6,7 @@
 //!   reuse look-ups, the listing and output of `runs` / `output`, and pruning;
 //! * [`outbox`]: the relay's claim and restore, and the operator's list / retry / discard /
 //!   backlog;
+//! * [`waiters`]: the queue of `run --wait` callers: join, look (and renew), leave, list;
 //! * [`health`]: expectations (`expect`), the facts the dead-man switch judges, and the
 //!   incidents a relay opens and closes with their events.
 //!
@@ -17,6 +18,7 @@ pub mod health;
 pub mod leases;
 pub mod outbox;
 pub mod runs;
+pub mod waiters;
 
 use crate::db::Schema;
 use crate::fmt::ms;
@@ -27,6 +29,28 @@ const EXPIRED: &str = "(l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < n
 /// Milliseconds since the holder's last heartbeat, never negative (alias `l` for `leases`).
 const HEARTBEAT_AGE_MS: &str =
     "greatest(0, round(extract(epoch FROM now() - l.heartbeat_at) * 1000))::int8";
+
+/// Milliseconds since the holder acquired the lease, never negative (alias `l` for `leases`).
+const RUNNING_MS: &str =
+    "greatest(0, round(extract(epoch FROM now() - l.acquired_at) * 1000))::int8";
+
+/// A waiter that counts: its own TTL has not run out on the database clock, and no later
+/// `--queue latest` waiter superseded it (alias `w` for `waiters`). The only rows anyone waits
+/// behind, counts or lists.
+const LIVE_WAITER: &str = "(w.superseded_at IS NULL
+      AND w.heartbeat_at + w.ttl_ms * interval '1 millisecond' >= now())";
+
+/// A live ordered waiter of the target may exist (alias `l` for place 0 of `leases`; see
+/// `leases.queued_until` in migrations/0004_queue.sql).
+/// False, not NULL, when `queued_until` is NULL (no waiter ever).
+const QUEUED: &str = "(l.queued_until IS NOT NULL AND l.queued_until > now())";
+
+/// When the last live ordered waiter of `l.target` other than ticket `$TICKET` runs out: what
+/// `leases.queued_until` becomes when a waiter acquires or leaves.
+const QUEUED_UNTIL: &str = "(SELECT max(w.heartbeat_at + w.ttl_ms * interval '1 millisecond')
+       FROM {s}.waiters w
+      WHERE w.target = l.target AND w.queue <> 'unordered' AND {live_waiter}
+        AND w.ticket IS DISTINCT FROM $TICKET)";
 
 /// An outbox event that holds up its aggregate — dead, or not to be tried before
 /// `next_attempt_at` — as far as an index can tell: it is **exactly** the predicate of the
@@ -46,12 +70,18 @@ const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 const AGG_KEY: &str = "hashtextextended(A.aggregate_id, hashtextextended(A.aggregate_type, 0))";
 
 /// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
-/// `{held}`, `{held_now}`, `{agg_key:b}` / `{agg_key:o}`, then `{s}` as the quoted schema.
+/// `{running_ms}`, `{queued}`, `{queued_until}` (with `$TICKET` to replace by the caller),
+/// `{live_waiter}`, `{held}`, `{held_now}`, `{agg_key:b}` / `{agg_key:o}`, then `{s}` as the
+/// quoted schema.
 fn sql(schema: &Schema, template: &str) -> String {
     schema.sql(
         &template
             .replace("{expired}", EXPIRED)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
+            .replace("{running_ms}", RUNNING_MS)
+            .replace("{queued}", QUEUED)
+            .replace("{queued_until}", QUEUED_UNTIL)
+            .replace("{live_waiter}", LIVE_WAITER)
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW)
             .replace("{agg_key:b}", &AGG_KEY.replace("A.", "b."))

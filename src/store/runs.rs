@@ -16,15 +16,15 @@ use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
 use crate::run::slot::Slot;
 
-/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$20` and then
+/// The columns of a run row, in the order of [`RunFields::params`]' `$1…$21` and then
 /// `done_by`: written once for every insert (the fenced save, the `lost` record, the skip).
 const INSERT_RUN: &str =
     "INSERT INTO {s}.runs (id, target, fence, token, outcome, argv, host, pid, started_at,
                            finished_at, exit_code, signal, stdout, stderr, stdout_truncated,
-                           stderr_truncated, error, events, slot, slot_end, done_by)";
-/// `$1…$20`; `done_by` follows (NULL but for a skip).
-const RUN_VALUES: &str =
-    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20";
+                           stderr_truncated, error, events, slot, slot_end, label, done_by)";
+/// `$1…$21`; `done_by` follows (NULL but for a skip).
+const RUN_VALUES: &str = "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+                          $17, $18, $19, $20, $21";
 
 /// How a run ended, as stored in `runs.outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,19 +158,19 @@ pub async fn save_fenced(
              INSERT INTO {{s}}.outbox (aggregate_type, aggregate_id, type, payload)
              SELECT e.aggregate_type, e.aggregate_id, e.type, e.payload FROM (
                  SELECT 0::int8 AS ord, 'leasectl.target' AS aggregate_type,
-                        run.target AS aggregate_id, $21::text AS type, $22::jsonb AS payload
-                   FROM run WHERE $21::text IS NOT NULL
+                        run.target AS aggregate_id, $22::text AS type, $23::jsonb AS payload
+                   FROM run WHERE $22::text IS NOT NULL
                  UNION ALL
                  SELECT j.ord, j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type',
                         j.e->'payload'
-                   FROM run, jsonb_array_elements(coalesce($25::jsonb, '[]'))
+                   FROM run, jsonb_array_elements(coalesce($26::jsonb, '[]'))
                              WITH ORDINALITY AS j(e, ord)
              ) e ORDER BY e.ord
-             RETURNING pg_notify($24, '')
+             RETURNING pg_notify($25, '')
          ), released AS (
-             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($23, l.target)
+             RETURNING pg_notify($24, l.target)
          )
          SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
                 (SELECT count(*) FROM released) AS released"
@@ -219,7 +219,7 @@ impl RunFields {
         }
     }
 
-    /// $1…$19 of every run insert, in the column order of [`INSERT_RUN`].
+    /// $1…$21 of every run insert, in the column order of [`INSERT_RUN`].
     fn params<'a>(
         &'a self,
         lease: &'a Lease,
@@ -246,6 +246,7 @@ impl RunFields {
             (&run.events_kept, Type::BYTEA),
             (&self.slot, Type::TIMESTAMPTZ),
             (&self.slot_end, Type::TIMESTAMPTZ),
+            (&lease.label, Type::TEXT),
         ]
     }
 }
@@ -280,6 +281,7 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
         "job_events": run.job_events.and_then(serde_json::Value::as_array).map_or(0, Vec::len),
         "slot": f.slot.map(rfc3339),
         "slot_end": f.slot_end.map(rfc3339),
+        "label": lease.label,
     })
 }
 
@@ -382,7 +384,7 @@ pub async fn skip_if_done(
              SELECT {RUN_VALUES}, done.id FROM done
              RETURNING target, done_by
          ), released AS (
-             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL
+             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
              RETURNING pg_notify({channel}, l.target)
          )
@@ -491,6 +493,8 @@ pub struct Listed {
     pub slot: Option<SystemTime>,
     pub slot_end: Option<SystemTime>,
     pub done_by: Option<Uuid>,
+    /// `run --label`.
+    pub label: Option<String>,
 }
 
 /// The newest `limit` runs of `target`, newest first, without their output.
@@ -507,7 +511,7 @@ pub async fn list(
                 round(extract(epoch FROM now() - finished_at) * 1000)::int8 AS age_ms,
                 length(stdout)::int8 AS stdout_bytes, stdout_truncated,
                 length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error,
-                slot, slot_end, done_by
+                slot, slot_end, done_by, label
            FROM {s}.runs WHERE target = $1
           ORDER BY finished_at DESC LIMIT $2",
     );
@@ -538,6 +542,7 @@ pub async fn list(
             slot: r.get("slot"),
             slot_end: r.get("slot_end"),
             done_by: r.get("done_by"),
+            label: r.get("label"),
         })
         .collect())
 }

@@ -172,7 +172,7 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,7,8"
+        "1,2,3,4,6,7,8"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
@@ -181,8 +181,15 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0007 and 0003 add, removed).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version IN (3, 7);
+/// Takes a current schema back to version 2 (what migrations 0007, 0006, 0004 and 0003 add, removed).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 6;
+     DROP INDEX leases_token; ALTER TABLE leases DROP CONSTRAINT leases_pkey;
+     ALTER TABLE leases DROP COLUMN place, DROP COLUMN max_holders;
+     ALTER TABLE leases ADD PRIMARY KEY (target);
+     DELETE FROM schema_migrations WHERE version = 4;
+     DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label, DROP COLUMN queued_until;
+     ALTER TABLE runs DROP COLUMN label;
+     DELETE FROM schema_migrations WHERE version IN (3, 7);
      DROP INDEX outbox_held;
      CREATE INDEX outbox_held ON outbox (aggregate_type, aggregate_id)
          WHERE dead_at IS NOT NULL OR next_attempt_at > created_at;
@@ -209,7 +216,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,7,8"
+        "1,2,3,4,6,7,8"
     );
     assert_eq!(
         env.scalar(&format!(

@@ -324,7 +324,7 @@ fn waiting_shows_a_spinner_on_a_terminal_and_nothing_but_one_line_in_logs() {
     );
     assert_eq!(code(&tty), 75, "{}", stdout(&tty));
     assert!(
-        stdout(&tty).contains("waiting for 'w': held by"),
+        stdout(&tty).contains("waiting for 'w' (position 1 of 1; held by"),
         "{:?}",
         stdout(&tty)
     );

@@ -43,7 +43,7 @@ const READ_WRITE: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
 /// Everything a role needs to run every command but `migrate` of an out-of-date schema.
 ///
 /// Nothing else is needed, even where PUBLIC's default EXECUTE on functions was revoked: the
-/// sequence behind `outbox.seq` needs no grant (an identity column's), nor does the trigger
+/// sequences behind `outbox.seq` and `waiters.ticket` need no grant (identity columns'), nor does the trigger
 /// function `outbox_notify` (EXECUTE is checked when a trigger is created, not when it fires),
 /// and leasectl never calls `rfc3339` (it is there for SQL that reads the outbox).
 pub const GRANTS: &[Grant] = &[
@@ -75,6 +75,10 @@ pub const GRANTS: &[Grant] = &[
     Grant {
         privileges: READ_WRITE,
         on: Object::Table("incidents"),
+    },
+    Grant {
+        privileges: READ_WRITE,
+        on: Object::Table("waiters"),
     },
 ];
 
