@@ -12,7 +12,7 @@ transaction (autocommit): an INSERT of one event (≈200-byte JSON payload, 1000
 a fresh schema's outbox, in one of these modes, rotated from round to round:
 
   always   the trigger as it was up to schema version 3: a NOTIFY for every statement
-  marked   the trigger as it is (migration 0008): a NOTIFY only while a relay holds the idle mark;
+  marked   the trigger as it is (migration 0007): a NOTIFY only while a relay holds the idle mark;
            no relay running, so none
   off      the trigger disabled (ALTER TABLE … DISABLE TRIGGER): the same inserts, no NOTIFY
   always+relay, marked+relay, off+relay

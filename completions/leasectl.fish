@@ -124,7 +124,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch -d 'Ev
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l poll -d 'Fallback poll interval; new events wake the relay at once through NOTIFY' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l max-attempts -d 'Refusals before an event is dead (retries back off 1s, 2s, 4s … up to 5m)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l timeout -d 'How long one delivery may take: HTTP response, broker confirm, command run' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l parallel -d 'Aggregates published at once within a batch [default: 64; exec: 4; stdout: 1]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l parallel -d 'Aggregates published at once within a batch [default: 64; amqp, nats: 1024; exec: 4; stdout: 1]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l metrics -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r

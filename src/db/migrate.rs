@@ -52,19 +52,19 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0004_queue.sql"),
     },
     Migration {
-        version: 6,
+        version: 5,
         name: "max_holders",
-        sql: include_str!("../../migrations/0006_max_holders.sql"),
+        sql: include_str!("../../migrations/0005_max_holders.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "relay_faults",
+        sql: include_str!("../../migrations/0006_relay_faults.sql"),
     },
     Migration {
         version: 7,
-        name: "relay_faults",
-        sql: include_str!("../../migrations/0007_relay_faults.sql"),
-    },
-    Migration {
-        version: 8,
         name: "notify_idle",
-        sql: include_str!("../../migrations/0008_notify_idle.sql"),
+        sql: include_str!("../../migrations/0007_notify_idle.sql"),
     },
 ];
 
@@ -353,10 +353,7 @@ mod tests {
     #[test]
     fn versions_are_consecutive_and_checksums_distinct() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
-            // 0005 is issue 11's §2/§3 (branch `steps`), merged alongside: until then this
-            // branch skips it. Drop `gap` once 0005 is registered.
-            let gap = i32::from(m.version > 4);
-            assert_eq!(m.version, i32::try_from(i).unwrap() + 1 + gap);
+            assert_eq!(m.version, i32::try_from(i).unwrap() + 1);
             assert_eq!(m.checksum().len(), 48);
         }
         assert_ne!(MIGRATIONS[0].checksum(), MIGRATIONS[1].checksum());

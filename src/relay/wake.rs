@@ -1,4 +1,4 @@
-//! The idle mark: how a relay tells the outbox trigger that it sleeps on LISTEN (migration 0008).
+//! The idle mark: how a relay tells the outbox trigger that it sleeps on LISTEN (migration 0007).
 //!
 //! A NOTIFY makes its transaction's commit take a database-wide lock (the notification queue's)
 //! until the commit record is flushed, so notifying writers commit one at a time. The trigger
@@ -42,7 +42,7 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 use crate::db::Schema;
 
 /// The advisory lock key space (`"leas"` in ASCII) of the mark; the second key is the outbox
-/// table's OID. Must match migration 0008's trigger.
+/// table's OID. Must match migration 0007's trigger.
 const MARK_CLASS: i32 = 0x6c65_6173;
 
 /// The key space of the lock that says some relay holds or is taking the mark.

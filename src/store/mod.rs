@@ -64,7 +64,7 @@ const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 
 /// An outbox event's aggregate as indexes see it: a 64-bit hash of `(aggregate_type,
 /// aggregate_id)`, 8 bytes whatever the key's length (a btree entry must fit in 2,704 bytes).
-/// **Exactly** the expression of the indexes of migrations/0007_relay_faults.sql; a lookup
+/// **Exactly** the expression of the indexes of migrations/0006_relay_faults.sql; a lookup
 /// compares it and then the columns themselves (a collision costs a recheck, nothing else).
 /// `{agg_key:b}` is it for alias `b`, `{agg_key:o}` for alias `o`.
 const AGG_KEY: &str = "hashtextextended(A.aggregate_id, hashtextextended(A.aggregate_type, 0))";

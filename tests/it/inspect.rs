@@ -172,24 +172,24 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,6,7,8"
+        "1,2,3,4,5,6,7"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 8\n", env.schema)
+        format!("schema \"{}\" is at version 7\n", env.schema)
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0007, 0006, 0004 and 0003 add, removed).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 6;
+/// Takes a current schema back to version 2 (what migrations 0006, 0005, 0004 and 0003 add, removed; 0007 only recreates the trigger).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 5;
      DROP INDEX leases_token; ALTER TABLE leases DROP CONSTRAINT leases_pkey;
      ALTER TABLE leases DROP COLUMN place, DROP COLUMN max_holders;
      ALTER TABLE leases ADD PRIMARY KEY (target);
      DELETE FROM schema_migrations WHERE version = 4;
      DROP TABLE waiters; ALTER TABLE leases DROP COLUMN holder_label, DROP COLUMN queued_until;
      ALTER TABLE runs DROP COLUMN label;
-     DELETE FROM schema_migrations WHERE version IN (3, 7);
+     DELETE FROM schema_migrations WHERE version IN (3, 6, 7);
      DROP INDEX outbox_held;
      CREATE INDEX outbox_held ON outbox (aggregate_type, aggregate_id)
          WHERE dead_at IS NOT NULL OR next_attempt_at > created_at;
@@ -216,7 +216,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,6,7,8"
+        "1,2,3,4,5,6,7"
     );
     assert_eq!(
         env.scalar(&format!(
@@ -294,9 +294,21 @@ fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() 
         let o = env.command().args(["run", "--target", "n", "--", "true"]).output_in_time();
         assert_eq!(code(&o), 0);
         assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
-        // An application's own transaction, through the trigger.
-        let insert = format!("INSERT INTO \"{}\".outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '1', 'order.paid', '{{}}')", env.schema);
-        db.client.batch_execute(&insert).await.unwrap();
+        // An application's own transaction, through the trigger: it notifies while a relay
+        // sleeps on LISTEN, i.e. holds the idle mark (migration 0007) — this session plays it,
+        // and the application writes from another.
+        db.client
+            .batch_execute(&format!(
+                "SELECT pg_advisory_lock(1818583411, '\"{}\".outbox'::regclass::oid::integer)",
+                env.schema
+            ))
+            .await
+            .unwrap();
+        std::thread::scope(|t| {
+            t.spawn(|| env.sql("INSERT INTO outbox (aggregate_type, aggregate_id, type, payload) VALUES ('order', '1', 'order.paid', '{}')"))
+                .join()
+                .unwrap()
+        });
         assert_eq!(next(&mut notes).await.channel().to_owned(), format!("{}.outbox", env.schema));
     });
 }
@@ -310,6 +322,52 @@ async fn next(
         .unwrap()
 }
 
+/// An idle relay's mark, held by a session of its own until dropped.
+struct IdleMark(
+    Option<std::sync::mpsc::Sender<()>>,
+    Option<std::thread::JoinHandle<()>>,
+);
+
+impl IdleMark {
+    fn hold(env: &Env) -> IdleMark {
+        let (url, schema) = (env.direct_url.clone(), env.schema.clone());
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let client = leasectl::db::Settings::new(Some(&url)).unwrap().open_client().await.unwrap();
+                client
+                    .batch_execute(&format!(
+                        "SELECT pg_advisory_lock(1818583411, '\"{schema}\".outbox'::regclass::oid::integer)"
+                    ))
+                    .await
+                    .unwrap();
+                held_tx.send(()).unwrap();
+                // Keep the session (and its lock) until the test drops the mark.
+                tokio::task::spawn_blocking(move || stop_rx.recv()).await.unwrap().ok();
+                drop(client);
+            });
+        });
+        held_rx
+            .recv_timeout(PATIENCE)
+            .expect("could not take the idle mark");
+        IdleMark(Some(stop_tx), Some(thread))
+    }
+}
+
+impl Drop for IdleMark {
+    fn drop(&mut self) {
+        drop(self.0.take());
+        if let Some(t) = self.1.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[test]
 fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
     let env = Env::new();
@@ -320,6 +378,9 @@ fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
          CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN INSERT INTO trigger_calls VALUES (1); PERFORM pg_notify(TG_TABLE_SCHEMA || '.outbox', ''); RETURN NULL; END $$;",
     );
+    // The trigger fires while a relay sleeps on LISTEN (holds the idle mark, migration 0007):
+    // play that relay for the whole test.
+    let _mark = IdleMark::hold(&env);
     assert_eq!(code(&env.run(&["run", "--target", "x", "--", "true"])), 0);
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
     assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "0");

@@ -1,4 +1,4 @@
-//! Waking the relay (migration 0008, `src/relay/wake.rs`): the outbox trigger sends its NOTIFY
+//! Waking the relay (migration 0007, `src/relay/wake.rs`): the outbox trigger sends its NOTIFY
 //! only while a relay holds the idle mark, and no event waits for `--poll` because of that —
 //! neither one inserted while no relay was idle, nor one whose transaction was still open when
 //! the relay went to sleep, nor one inserted after the relay holding the mark was killed.
@@ -17,7 +17,7 @@ use crate::events::*;
 /// wake-up.
 const PROMPT: Duration = Duration::from_secs(15);
 
-/// The mark's advisory lock key space (migration 0008).
+/// The mark's advisory lock key space (migration 0007).
 const MARK_CLASS: &str = "1818583411";
 
 /// A psql session the test drives statement by statement, to hold a transaction open.

@@ -1,4 +1,4 @@
--- leasectl schema, version 8: the outbox trigger notifies only while a relay sleeps on LISTEN.
+-- leasectl schema, version 7: the outbox trigger notifies only while a relay sleeps on LISTEN.
 --
 -- pg_notify takes a database-wide lock at commit (the notification queue's) and holds it until
 -- the commit record is flushed, so every notifying transaction commits alone: with a NOTIFY on

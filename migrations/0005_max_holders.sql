@@ -1,6 +1,4 @@
--- leasectl schema, version 6: several holders of one target (`run --max-holders N`).
---
--- (0005 belongs to issue 11 §2/§3, built alongside.)
+-- leasectl schema, version 5: several holders of one target (`run --max-holders N`).
 --
 -- A target's row of place 0 stays what it was: the single holder's lease (N = 1), and in every
 -- case the target's fence counter — every acquisition, of any place, takes its fence from it

@@ -1,4 +1,4 @@
--- leasectl schema, version 7: the relay's answers to issue 12 §5's fault-injection campaign.
+-- leasectl schema, version 6: the relay's answers to issue 12 §5's fault-injection campaign.
 
 -- An aggregate's key is indexed by a 64-bit hash of it, never by its text: a btree entry must fit
 -- in about a third of a page (2,704 bytes), and outbox_held indexed (aggregate_type,
