@@ -777,6 +777,18 @@ pub async fn in_a_batch(client: &Client, schema: &Schema, id: uuid::Uuid) -> Res
     }
 }
 
+/// Whether the outbox still holds event `id`, in whatever state.
+async fn exists(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
+    let row = client
+        .query_typed_opt(
+            &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
+            &[(&id, Type::UUID)],
+        )
+        .await
+        .context("cannot read the outbox")?;
+    Ok(row.is_some())
+}
+
 /// [`retry`] of one event, also when a relay's batch holds it: the UPDATE then waits for the
 /// batch, and if the batch put the event back (refused, or not reached) the row it waited for
 /// is gone and the put-back one is new to the statement's snapshot — so it is looked up again,
@@ -788,14 +800,7 @@ pub async fn retry_one(client: &Client, schema: &Schema, id: uuid::Uuid) -> Resu
         if retry(client, schema, RetryWhich::One(id)).await? > 0 {
             return Ok(true);
         }
-        let exists = client
-            .query_typed_opt(
-                &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
-                &[(&id, Type::UUID)],
-            )
-            .await
-            .context("cannot read the outbox")?;
-        if exists.is_none() {
+        if !exists(client, schema, id).await? {
             return Ok(false);
         }
     }
@@ -843,18 +848,11 @@ pub async fn discard(
             attempts: r.get("attempts"),
         }));
     }
-    let exists = client
-        .query_typed_opt(
-            &sql(schema, "SELECT 1 FROM {s}.outbox WHERE id = $1"),
-            &[(&id, Type::UUID)],
-        )
-        .await
-        .context("cannot read the outbox")?;
-    Ok(Err(match exists {
-        Some(_) => format!(
+    Ok(Err(match exists(client, schema, id).await? {
+        true => format!(
             "event {id} is not dead; discarding it would skip it silently (use --force to discard it anyway)"
         ),
-        None => format!("no event {id} in the outbox (already delivered or discarded?)"),
+        false => format!("no event {id} in the outbox (already delivered or discarded?)"),
     }))
 }
 

@@ -531,3 +531,12 @@ impl Env {
         assert_eq!(code(&finish(holder)), 143);
     }
 }
+
+/// A port nothing listens on right now.
+pub fn spare_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

@@ -17,7 +17,6 @@
 //! stopped by [`Cluster`]'s drop, also when a test fails. The binaries missing is a failure, not a
 //! skip (scripts/test installs PostgreSQL).
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -84,15 +83,6 @@ fn must(cmd: &mut Command) -> Output {
         stderr(&out)
     );
     out
-}
-
-/// A port nothing listens on right now.
-fn spare_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One PostgreSQL server: its data directory, its port and its log.

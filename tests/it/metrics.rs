@@ -7,14 +7,6 @@ use std::process::{Command, Stdio};
 use crate::common::*;
 use crate::events::*;
 
-fn spare_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `curl` on the metrics address: the status code and the body.
 fn scrape(port: u16, path: &str) -> (String, String) {
     let out = Command::new("curl")
