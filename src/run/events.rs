@@ -8,11 +8,20 @@
 //! current holder. It is all or nothing: a malformed line, or a file over `--events-limit`,
 //! stores the run with the error and none of the events (kept raw in `runs.events`), and the
 //! run exits 65. A `lost` run keeps them raw too, for the operator.
+//!
+//! A leasectl that is SIGKILLed cannot remove its directory. So the directory also holds a
+//! `lock` file that the owner keeps `flock`ed (not inherited by the command: close-on-exec), and
+//! every new run sweeps the directories of the same user whose lock nobody holds — their owner is
+//! gone, whatever pid namespace it ran in — once they are older than [`SWEEP_AFTER`] (a directory
+//! that young may be one whose owner has not locked it yet).
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use nix::fcntl::{Flock, FlockArg};
 
 use serde_json::{Map, Value};
 
@@ -22,10 +31,18 @@ pub const VAR: &str = "LEASECTL_EVENTS";
 /// The keys of one line, all required, none other allowed.
 const KEYS: [&str; 4] = ["aggregate_type", "aggregate_id", "type", "payload"];
 
+/// The prefix of the directories under the temporary directory.
+const PREFIX: &str = "leasectl-events-";
+
+/// How old an unlocked directory must be before a sweep removes it.
+const SWEEP_AFTER: Duration = Duration::from_secs(60);
+
 /// The file and its private directory, removed when dropped.
 pub struct EventsFile {
     dir: PathBuf,
     path: PathBuf,
+    /// Held while we live: tells a sweep that the directory is in use.
+    _lock: Flock<File>,
 }
 
 /// What the command left in the file.
@@ -39,25 +56,28 @@ pub enum JobEvents {
 }
 
 impl EventsFile {
-    /// Creates the directory and the empty file under the temporary directory.
+    /// Creates the directory, its lock and the empty file under the temporary directory, after
+    /// sweeping the directories that SIGKILLed runs left behind.
     pub fn create() -> io::Result<EventsFile> {
-        let dir = std::env::temp_dir().join(format!(
-            "leasectl-events-{}-{:016x}",
+        let tmp = std::env::temp_dir();
+        sweep(&tmp);
+        let dir = tmp.join(format!(
+            "{PREFIX}{}-{:016x}",
             std::process::id(),
             fastrand::u64(..)
         ));
         DirBuilder::new().mode(0o700).create(&dir)?;
-        let path = dir.join("events.jsonl");
-        let created = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path);
-        if let Err(e) = created {
-            let _ = std::fs::remove_dir(&dir);
-            return Err(e);
+        match fill(&dir) {
+            Ok((path, lock)) => Ok(EventsFile {
+                dir,
+                path,
+                _lock: lock,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
         }
-        Ok(EventsFile { dir, path })
     }
 
     pub fn path(&self) -> &Path {
@@ -90,7 +110,60 @@ impl EventsFile {
 impl Drop for EventsFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(self.dir.join("lock"));
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The locked `lock` file and the empty events file in a new directory.
+fn fill(dir: &Path) -> io::Result<(PathBuf, Flock<File>)> {
+    let lock = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join("lock"))?;
+    let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| e)?;
+    let path = dir.join("events.jsonl");
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    Ok((path, lock))
+}
+
+/// Removes this user's event directories under `tmp` whose owner is gone: older than
+/// [`SWEEP_AFTER`], with a lock file nobody holds (or none: a directory from before the lock).
+/// Best effort: a directory that cannot be read or removed is left alone.
+fn sweep(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(PREFIX) {
+            continue;
+        }
+        let dir = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        let old = meta
+            .modified()
+            .ok()
+            .and_then(|m| SystemTime::now().duration_since(m).ok())
+            .is_some_and(|age| age >= SWEEP_AFTER);
+        if !meta.is_dir() || meta.uid() != uid || !old {
+            continue;
+        }
+        let abandoned = match File::open(dir.join("lock")) {
+            // Ours to remove only while we hold its lock (closing the file releases it).
+            Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
+            Err(e) => e.kind() == io::ErrorKind::NotFound,
+        };
+        if abandoned {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 }
 
@@ -181,5 +254,38 @@ mod tests {
         );
         drop(f);
         assert!(!dir.exists());
+    }
+
+    /// A directory `name` under `tmp`, with a lock file, dated `age` ago.
+    fn aged(tmp: &Path, name: &str, age: Duration) -> PathBuf {
+        let dir = tmp.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        File::create(dir.join("lock")).unwrap();
+        File::create(dir.join("events.jsonl")).unwrap();
+        File::open(&dir)
+            .unwrap()
+            .set_modified(SystemTime::now() - age)
+            .unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_sweep_removes_only_old_directories_whose_lock_nobody_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let hour = Duration::from_secs(3600);
+        let abandoned = aged(tmp.path(), "leasectl-events-1-a", hour);
+        let held = aged(tmp.path(), "leasectl-events-2-b", hour);
+        let _holder = Flock::lock(
+            File::open(held.join("lock")).unwrap(),
+            FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        let young = aged(tmp.path(), "leasectl-events-3-c", Duration::ZERO);
+        let other = aged(tmp.path(), "something-else", hour);
+        sweep(tmp.path());
+        assert!(!abandoned.exists());
+        assert!(held.join("events.jsonl").exists());
+        assert!(young.exists());
+        assert!(other.exists());
     }
 }

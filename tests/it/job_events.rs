@@ -200,3 +200,58 @@ fn events_of_a_command_that_finished_after_a_takeover_are_fenced_out_by_the_save
         "lost true"
     );
 }
+
+/// A SIGKILLed leasectl cannot remove its `LEASECTL_EVENTS` directory; the next run on the
+/// machine does, once it is old enough, and leaves a live run's directory alone.
+#[test]
+fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
+    let env = Env::new();
+    let tmp = env.path("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let dirs = || -> Vec<std::path::PathBuf> {
+        let mut d: Vec<_> = std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        d.sort();
+        d
+    };
+    // Two holders, both with their events directory; one is SIGKILLed (its command too).
+    let mut dead = env.command();
+    dead.env("TMPDIR", &tmp);
+    let dead = env.hold_with(dead, "a", &[], "echo $$ > pid-a; sleep 600");
+    let mut live = env.command();
+    live.env("TMPDIR", &tmp);
+    let live = env.hold_with(live, "b", &[], "sleep 600");
+    assert_eq!(dirs().len(), 2);
+    kill(dead.id(), libc::SIGKILL);
+    finish(dead);
+    kill(wait_for_file(&env.path("pid-a")).trim().parse().unwrap(), libc::SIGKILL);
+    // Both are older than the sweep's minimum age.
+    for d in dirs() {
+        std::fs::File::open(&d)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
+            .unwrap();
+    }
+    let before = dirs();
+    let o = env
+        .command()
+        .env("TMPDIR", &tmp)
+        .args(["run", "--target", "c", "--", "true"])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let after = dirs();
+    assert_eq!(after.len(), 1, "{before:?} → {after:?}");
+    let pid = live.id();
+    assert!(
+        after[0]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("leasectl-events-{pid}-")),
+        "the live holder's directory is kept: {after:?}"
+    );
+    env.stop(live);
+    assert!(dirs().is_empty());
+}
