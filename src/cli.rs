@@ -75,6 +75,16 @@ pub enum Command {
     /// Run COMMAND under a fenced heartbeat lease on TARGET
     #[command(after_help = RUN_HELP)]
     Run(Box<RunArgs>),
+    /// Take a lease that outlives this process, for several steps (`run --token`); print its token
+    #[command(after_help = ACQUIRE_HELP)]
+    Acquire(AcquireArgs),
+    /// Extend a lease taken by `acquire` (between steps nothing renews it)
+    #[command(
+        after_help = "Exit codes: 0 renewed; 76 the token no longer holds TARGET (it expired and was taken, \
+was released or replaced); 69 database down or silent; 2 usage.\n\n\
+Example:\n  leasectl renew --target deploy --token \"$LEASECTL_TOKEN\" --ttl 30m"
+    )]
+    Renew(RenewArgs),
     /// Show each target's lease, its last run and the outbox backlog
     #[command(
         after_help = "Examples:\n  leasectl status\n  leasectl status --target nightly-report --json"
@@ -90,14 +100,14 @@ pub enum Command {
         after_help = "By default the newest run that was not `lost`.\n\nExamples:\n  leasectl output --target oauth\n  leasectl output --target oauth --run 6f1c… --stderr"
     )]
     Output(OutputArgs),
-    /// Break a target's lease (operator use); the next holder still gets a higher fence
+    /// End a lease: one taken by `acquire` (--token), or break anyone's (--force)
     #[command(
         after_help = "The holder is told at once (NOTIFY on its lease channel): it checks its lease, stops its \
 command (SIGTERM, then SIGKILL after its --kill-after), records the run as `lost` and exits 76. \
 Behind a transaction-mode pooler, where it cannot LISTEN, it notices at its next heartbeat.\n\n\
 release waits until the old holder has recorded its stop, or until its lease would have expired \
 anyway (its TTL after its last heartbeat), and says which happened; --no-wait returns at once.\n\n\
-Example:\n  leasectl release --target nightly-report --force"
+Examples:\n  leasectl release --target deploy --token \"$LEASECTL_TOKEN\"\n  leasectl release --target nightly-report --force"
     )]
     Release(ReleaseArgs),
     /// Say what is expected of a target: a successful run every DUR, runs no longer than DUR
@@ -167,48 +177,20 @@ the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl go
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// What to hold the lease on: 1–200 characters, no control characters
-    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
-    pub target: String,
-
-    /// The lease expires when not renewed for this long (database clock)
-    #[arg(long, value_parser = parse_duration, default_value = "2m", value_name = "DUR")]
-    pub ttl: Duration,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
 
     /// Renewal interval [default: TTL/4]
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
     pub heartbeat: Option<Duration>,
 
-    /// When busy, wait for the lease (forever, or up to DUR) instead of exiting 75
-    #[arg(long, value_parser = parse_wait, num_args = 0..=1, require_equals = true,
-          default_missing_value = "forever", value_name = "DUR")]
-    pub wait: Option<Wait>,
-
-    /// How waiters take turns: fifo (arrival order), latest (a new waiter supersedes every
-    /// older one, which exits busy) or unordered (whoever asks first after a release)
-    #[arg(
-        long,
-        value_enum,
-        default_value = "fifo",
-        value_name = "MODE",
-        requires = "wait"
-    )]
-    pub queue: crate::store::waiters::QueueMode,
-
-    /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
-    #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
-    pub wait_notice: Option<Duration>,
-
-    /// Shown with this caller wherever holders and waiters are (busy lines, status, runs):
-    /// a commit SHA, a pipeline URL; at most 200 characters, no control characters
-    #[arg(long, value_parser = parse_label, value_name = "TEXT")]
-    pub label: Option<String>,
-
-    /// Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of
-    /// the first holder stands until none is left
-    #[arg(long, default_value_t = 1, value_name = "N",
-          value_parser = clap::value_parser!(i32).range(1..=crate::config::MAX_HOLDERS as i64))]
-    pub max_holders: i32,
+    /// Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command
+    /// runs, store the run with the same fenced save, keep the lease afterwards; 76 if the
+    /// token no longer holds TARGET
+    #[arg(long, value_name = "TOKEN",
+          conflicts_with_all = ["ttl", "heartbeat", "wait", "replace", "max_holders", "label",
+                                "reuse_within", "slot"])]
+    pub token: Option<uuid::Uuid>,
 
     /// Reuse the stored stdout of a successful run that finished less than DUR ago
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
@@ -221,10 +203,6 @@ pub struct RunArgs {
     /// Grace between SIGTERM and SIGKILL when the command must stop [default: min(10s, TTL/10)]
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
     pub kill_after: Option<Duration>,
-
-    /// Exit code when another holder has the lease
-    #[arg(long, default_value_t = 75, value_name = "N")]
-    pub busy_exit_code: u8,
 
     /// Type of the outbox event stored with the result
     #[arg(long, default_value = "leasectl.run.finished", value_name = "TYPE")]
@@ -272,6 +250,112 @@ pub struct RunArgs {
     /// The command and its arguments, after `--`
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+const ACQUIRE_HELP: &str = "\
+Takes TARGET's lease as `run` would (same --ttl, --wait, --queue, --replace, --label,
+--max-holders, --busy-exit-code) and prints it: LEASECTL_TARGET, LEASECTL_TOKEN, LEASECTL_FENCE
+and LEASECTL_HOLDER_INDEX. Nothing renews it after acquire exits: each `run --token` step renews
+it while its command runs (and stores its run with the same fenced save, keeping the lease), and
+between steps it lives for its TTL from the last renewal — `renew` extends it. `release --token`
+ends it; a crashed pipeline's lease expires by TTL.
+
+Formats: sh (export lines for eval), env (NAME=value lines, e.g. >> \"$GITHUB_ENV\"), json.
+
+Exit codes: 0 acquired; 75 busy (--busy-exit-code); 69 database down or silent; 2 usage;
+128+N got signal N while waiting.
+
+Examples:
+  eval \"$(leasectl acquire --target deploy --ttl 30m --wait=10m)\"
+  leasectl run --target deploy --token \"$LEASECTL_TOKEN\" -- ./migrate
+  leasectl run --target deploy --token \"$LEASECTL_TOKEN\" -- ./rollout
+  leasectl release --target deploy --token \"$LEASECTL_TOKEN\"
+
+  leasectl acquire --target deploy --ttl 30m --wait --format env >> \"$GITHUB_ENV\"";
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+
+    /// How to print the lease
+    #[arg(long, value_enum, default_value = "sh", value_name = "FORMAT")]
+    pub format: AcquireFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AcquireFormat {
+    /// `export NAME='value'` lines, for eval
+    Sh,
+    /// `NAME=value` lines, for $GITHUB_ENV or a dotenv file
+    Env,
+    /// One JSON object
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// The target the lease is on
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+    /// The token `acquire` printed
+    #[arg(long, value_name = "TOKEN")]
+    pub token: uuid::Uuid,
+    /// From now on, the lease expires when not renewed for this long [default: its TTL]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub ttl: Option<Duration>,
+}
+
+/// How a lease is taken: the flags `run` and `acquire` share.
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// What to hold the lease on: 1–200 characters, no control characters
+    #[arg(long, value_parser = parse_target, value_name = "TARGET")]
+    pub target: String,
+
+    /// The lease expires when not renewed for this long (database clock)
+    #[arg(long, value_parser = parse_duration, default_value = "2m", value_name = "DUR")]
+    pub ttl: Duration,
+
+    /// When busy, wait for the lease (forever, or up to DUR) instead of exiting 75
+    #[arg(long, value_parser = parse_wait, num_args = 0..=1, require_equals = true,
+          default_missing_value = "forever", value_name = "DUR")]
+    pub wait: Option<Wait>,
+
+    /// How waiters take turns: fifo (arrival order), latest (a new waiter supersedes every
+    /// older one, which exits busy) or unordered (whoever asks first after a release)
+    #[arg(
+        long,
+        value_enum,
+        default_value = "fifo",
+        value_name = "MODE",
+        requires = "wait"
+    )]
+    pub queue: crate::store::waiters::QueueMode,
+
+    /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
+    #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
+    pub wait_notice: Option<Duration>,
+
+    /// Shown with this caller wherever holders and waiters are (busy lines, status, runs):
+    /// a commit SHA, a pipeline URL; at most 200 characters, no control characters
+    #[arg(long, value_parser = parse_label, value_name = "TEXT")]
+    pub label: Option<String>,
+
+    /// Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of
+    /// the first holder stands until none is left
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(i32).range(1..=crate::config::MAX_HOLDERS as i64))]
+    pub max_holders: i32,
+
+    /// Take the lease even from a live holder (the oldest, with --max-holders): it is told to
+    /// stop, records its run `preempted` and exits 76; ours starts only once it has stopped
+    #[arg(long, conflicts_with = "wait")]
+    pub replace: bool,
+
+    /// Exit code when another holder has the lease
+    #[arg(long, default_value_t = 75, value_name = "N")]
+    pub busy_exit_code: u8,
 }
 
 const EMIT_HELP: &str = "\
@@ -584,15 +668,19 @@ pub struct OutputArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("how").required(true).args(["force", "token"])))]
 pub struct ReleaseArgs {
-    /// The target to free, whoever holds it
+    /// The target whose lease to end
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
-    /// Required: breaking a live lease makes its holder stop
-    #[arg(long, required = true)]
-    pub force: bool,
-    /// Return once the lease is broken, without waiting for the old holder to stop
+    /// Break the lease whoever holds it: its holder stops (operator use)
     #[arg(long)]
+    pub force: bool,
+    /// End the lease this token holds (printed by `acquire`); exit 76 if it no longer does
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<uuid::Uuid>,
+    /// With --force: return once the lease is broken, without waiting for the old holder to stop
+    #[arg(long, conflicts_with = "token")]
     pub no_wait: bool,
 }
 

@@ -7,7 +7,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use crate::cli::RunArgs;
+use crate::cli::{LeaseArgs, RunArgs};
 use crate::error::usage;
 use crate::run::slot::Schedule;
 use crate::store::waiters::QueueMode;
@@ -187,6 +187,13 @@ pub struct RunConfig {
     pub label: Option<String>,
     /// `--max-holders`: 1 for the single holder.
     pub max_holders: i32,
+    /// `--replace`: take the lease from a live holder.
+    pub replace: bool,
+    /// `run --token`: a step under a lease taken by `acquire`.
+    pub token: Option<uuid::Uuid>,
+    /// `--heartbeat` and `--kill-after` as given (a step's TTL is the held lease's, known only
+    /// once it is taken up: see [`RunConfig::with_ttl`]).
+    given: (Option<Duration>, Option<Duration>),
     pub reuse_within: Option<Duration>,
     pub timeout: Option<Duration>,
     pub busy_exit_code: u8,
@@ -249,30 +256,7 @@ impl RunConfig {
     }
 
     pub fn new(a: RunArgs) -> anyhow::Result<RunConfig> {
-        if a.ttl < Duration::from_millis(100) {
-            return Err(usage(format!(
-                "--ttl {} is too short (at least 100ms)",
-                humantime::format_duration(a.ttl)
-            )));
-        }
-        let heartbeat = a.heartbeat.unwrap_or(a.ttl / 4);
-        let kill_after = a
-            .kill_after
-            .unwrap_or_else(|| Duration::from_secs(10).min(a.ttl / 10));
-        if heartbeat.is_zero() {
-            return Err(usage("--heartbeat must be longer than 0"));
-        }
-        // The holder must be able to miss one heartbeat, notice at the next, and still have the
-        // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. SPEC makes anything
-        // tighter a usage error rather than a lease that silently cannot keep its promise.
-        if heartbeat * 2 + kill_after >= a.ttl {
-            return Err(usage(format!(
-                "--heartbeat {} and --kill-after {} do not fit in --ttl {} (need 2×heartbeat + kill-after < ttl)",
-                humantime::format_duration(heartbeat),
-                humantime::format_duration(kill_after),
-                humantime::format_duration(a.ttl),
-            )));
-        }
+        let (heartbeat, kill_after) = times(a.lease.ttl, a.heartbeat, a.kill_after)?;
         if a.quiet && a.reuse_within.is_some() {
             // --quiet would silence the very output --reuse-within exists to hand out: every
             // caller, the one that runs included, would print nothing and exit 0.
@@ -300,7 +284,7 @@ impl RunConfig {
                 "no command given (put it after --, e.g. leasectl run --target x -- ./job.sh)",
             ));
         }
-        if a.max_holders > 1 && (a.slot.is_some() || a.reuse_within.is_some()) {
+        if a.lease.max_holders > 1 && (a.slot.is_some() || a.reuse_within.is_some()) {
             // Both decide "has this been done already?" under the lease, which only a single
             // holder can answer for everyone.
             let other = if a.slot.is_some() {
@@ -324,6 +308,29 @@ impl RunConfig {
         };
         Ok(RunConfig {
             slot,
+            heartbeat,
+            kill_after,
+            token: a.token,
+            given: (a.heartbeat, a.kill_after),
+            reuse_within: a.reuse_within,
+            timeout: a.timeout,
+            event_type,
+            quiet: a.quiet,
+            capture_limit: a.capture_limit,
+            events_limit: a.events_limit,
+            command: a.command,
+            ..RunConfig::lease(a.lease, (heartbeat, kill_after))
+        })
+    }
+
+    /// `acquire`: how to take the lease, and nothing to run.
+    pub fn acquire(a: LeaseArgs) -> anyhow::Result<RunConfig> {
+        let times = times(a.ttl, None, None)?;
+        Ok(RunConfig::lease(a, times))
+    }
+
+    fn lease(a: LeaseArgs, (heartbeat, kill_after): (Duration, Duration)) -> RunConfig {
+        RunConfig {
             target: a.target,
             ttl: a.ttl,
             heartbeat,
@@ -334,16 +341,62 @@ impl RunConfig {
                 .filter(|d| !d.is_zero()),
             label: a.label,
             max_holders: a.max_holders,
-            reuse_within: a.reuse_within,
-            timeout: a.timeout,
+            replace: a.replace,
+            token: None,
+            given: (None, None),
+            reuse_within: None,
+            timeout: None,
             busy_exit_code: a.busy_exit_code,
-            event_type,
-            quiet: a.quiet,
-            capture_limit: a.capture_limit,
-            events_limit: a.events_limit,
-            command: a.command,
-        })
+            event_type: None,
+            quiet: false,
+            capture_limit: 0,
+            events_limit: 0,
+            slot: None,
+            command: Vec::new(),
+        }
     }
+
+    /// `run --token`: the TTL of the held lease, and the heartbeat and grace that follow from it
+    /// (or the ones given, if they fit).
+    pub fn with_ttl(&mut self, ttl: Duration) -> anyhow::Result<()> {
+        let (heartbeat, kill_after) = times(ttl, self.given.0, self.given.1)?;
+        self.ttl = ttl;
+        self.heartbeat = heartbeat;
+        self.kill_after = kill_after;
+        Ok(())
+    }
+}
+
+/// The heartbeat interval and the kill grace for a TTL — given, or the defaults (TTL/4, and
+/// min(10s, TTL/10)) — checked to fit in it.
+fn times(
+    ttl: Duration,
+    heartbeat: Option<Duration>,
+    kill_after: Option<Duration>,
+) -> anyhow::Result<(Duration, Duration)> {
+    if ttl < Duration::from_millis(100) {
+        return Err(usage(format!(
+            "--ttl {} is too short (at least 100ms)",
+            humantime::format_duration(ttl)
+        )));
+    }
+    let heartbeat = heartbeat.unwrap_or(ttl / 4);
+    let kill_after = kill_after.unwrap_or_else(|| Duration::from_secs(10).min(ttl / 10));
+    if heartbeat.is_zero() {
+        return Err(usage("--heartbeat must be longer than 0"));
+    }
+    // The holder must be able to miss one heartbeat, notice at the next, and still have the
+    // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. SPEC makes anything
+    // tighter a usage error rather than a lease that silently cannot keep its promise.
+    if heartbeat * 2 + kill_after >= ttl {
+        return Err(usage(format!(
+            "--heartbeat {} and --kill-after {} do not fit in --ttl {} (need 2×heartbeat + kill-after < ttl)",
+            humantime::format_duration(heartbeat),
+            humantime::format_duration(kill_after),
+            humantime::format_duration(ttl),
+        )));
+    }
+    Ok((heartbeat, kill_after))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ pub mod output;
 pub mod prune;
 pub mod relay;
 pub mod release;
+pub mod renew;
 pub mod run;
 pub mod runs;
 pub mod status;
@@ -32,6 +33,8 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
     let outcome = match cli.command {
         // These two watch the database with deadlines of their own.
         Command::Run(a) => run::run(db, *a).await,
+        Command::Acquire(a) => crate::run::acquire(db, a).await,
+        Command::Renew(a) => one_shot(renew::run(db, a)).await,
         Command::Relay(a) => relay::run(db, a).await,
         Command::Status(a) => one_shot(status::run(db, a)).await,
         Command::Runs(a) => one_shot(runs::run(db, a)).await,

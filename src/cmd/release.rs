@@ -1,20 +1,26 @@
-//! `leasectl release --target T --force`: break a lease (operator use) — every place of a
-//! target with `--max-holders`.
+//! `leasectl release`: end a lease.
 //!
-//! The release is announced on the lease channel, so a holder that listens (see
-//! `run::heartbeat`) checks its token at once, stops its command and records a `lost` run; one
-//! behind a transaction-mode pooler notices at its next heartbeat. Then, unless `--no-wait`,
-//! this waits until that `lost` run is recorded — the old command has stopped — or until the
-//! old lease would have expired anyway, and says which: only then is it certain that the next
-//! holder cannot overlap with the old one. The fence stays in the row, so the next acquisition
-//! is still numbered higher.
+//! * `--token TOK` ends the lease that `acquire` took (the last step of a lease across CI
+//!   steps): 0 when released, 76 when the token no longer holds the target — it expired and was
+//!   taken, or was replaced — so the pipeline learns that its steps were not all under one lease.
+//! * `--force` breaks the lease whoever holds it (operator use) — every place of a target with
+//!   `--max-holders`. The release is announced on the lease channel, so a holder that listens
+//!   (see `run::heartbeat`) checks its token at once, stops its command and records a `lost` run;
+//!   one behind a transaction-mode pooler notices at its next heartbeat. Then, unless
+//!   `--no-wait`, this waits until that run is recorded — the old command has stopped — or until
+//!   the old lease would have expired anyway, and says which: only then is it certain that the
+//!   next holder cannot overlap with the old one. An idle holder (an `acquire`d lease between
+//!   steps) runs nothing: no wait. The fence stays in the row, so the next acquisition is still
+//!   numbered higher.
 
 use std::time::Duration;
 
 use anyhow::Result;
 use tokio::time::{sleep, Instant};
+use uuid::Uuid;
 
 use crate::cli::{DbArgs, ReleaseArgs};
+use crate::db::Db;
 use crate::exit::Exit;
 use crate::store::{leases, runs};
 
@@ -23,6 +29,30 @@ const POLL: Duration = Duration::from_millis(100);
 
 pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
+    match args.token {
+        Some(token) => release_token(&db, &args.target, token).await,
+        None => release_force(&db, &args).await,
+    }
+}
+
+async fn release_token(db: &Db, target: &str, token: Uuid) -> Result<Exit> {
+    match leases::release_token(&db.client, &db.schema, target, token).await? {
+        Some(expired) => {
+            if expired {
+                crate::warn!("the lease on '{target}' had expired (nobody took it); released");
+            } else {
+                crate::info!("released '{target}'");
+            }
+            Ok(Exit::Code(0))
+        }
+        None => {
+            crate::say!("{}", leases::why_not_held(&db.client, &db.schema, target, token).await?);
+            Ok(Exit::LeaseLost)
+        }
+    }
+}
+
+async fn release_force(db: &Db, args: &ReleaseArgs) -> Result<Exit> {
     let started = Instant::now();
     let holders = leases::force_release(&db.client, &db.schema, &args.target).await?;
     if holders.is_empty() {
@@ -30,36 +60,38 @@ pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
         return Ok(Exit::Code(0));
     }
     // With --max-holders, every place is released: one line per holder.
-    for h in &holders {
-        let released = format!("released '{}' ({})", args.target, h.describe());
-        if args.no_wait {
-            super::print(format!("{released}; not waiting for the holder to stop\n").as_bytes())?;
-            continue;
-        }
-        let outcome = wait_for_stop(&db, &args.target, h, started).await?;
-        super::print(format!("{released}; {outcome}\n").as_bytes())?;
+    for (h, idle) in &holders {
+        let line = format!("released '{}' ({})", args.target, h.describe());
+        let outcome = if *idle {
+            "it ran no command (a lease between steps)".to_owned()
+        } else if args.no_wait {
+            "not waiting for the holder to stop".to_owned()
+        } else {
+            wait_for_stop(db, &args.target, h, started).await?
+        };
+        super::print(format!("{line}; {outcome}\n").as_bytes())?;
     }
     Ok(Exit::Code(0))
 }
 
-/// Waits until the released holder `h` has recorded its stop, or its lease would have expired
-/// anyway, and says which.
+/// Waits until the old holder has recorded its stop, or its lease would have expired anyway,
+/// and says which. `started`: before the statement that released it was sent.
 async fn wait_for_stop(
-    db: &crate::db::Db,
+    db: &Db,
     target: &str,
-    h: &leases::Holder,
+    old: &leases::Holder,
     started: Instant,
 ) -> Result<String> {
     // The old holder cannot run past its TTL after its last heartbeat; measured from before
     // the release was sent, so never later than on the database's clock.
-    let expires_at = crate::config::deadline(started, h.expires_in);
-    super::extend_deadline(h.expires_in);
+    let expires_at = crate::config::deadline(started, old.expires_in);
+    super::extend_deadline(old.expires_in);
     loop {
-        if let Some((run, _)) = runs::run_by_fence(&db.client, &db.schema, target, h.fence).await? {
+        let recorded = runs::stop_recorded(&db.client, &db.schema, target, old.fence);
+        if let Some((id, outcome)) = recorded.await? {
             return Ok(format!(
-                "the holder stopped and recorded run {} as {} after {}",
-                run.id,
-                run.outcome.as_str(),
+                "the holder stopped and recorded run {id} as {} after {}",
+                outcome.as_str(),
                 crate::fmt::duration(started.elapsed())
             ));
         }
@@ -67,7 +99,7 @@ async fn wait_for_stop(
         if now >= expires_at {
             return Ok(format!(
                 "the holder recorded no stop, but its lease has expired by now (ttl {})",
-                crate::fmt::duration(h.ttl)
+                crate::fmt::duration(old.ttl)
             ));
         }
         sleep(POLL.min(expires_at - now)).await;

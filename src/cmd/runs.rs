@@ -37,6 +37,7 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                     "slot_end": r.slot_end.map(fmt::rfc3339),
                     "done_by": r.done_by.map(|id| id.to_string()),
                     "label": r.label,
+                    "preempted_by": r.preempted_by,
                 })
             })
             .collect();
@@ -61,7 +62,10 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
             let mut row = vec![
                 r.id.to_string(),
                 r.fence.to_string(),
-                r.outcome.clone(),
+                match r.preempted_by {
+                    Some(fence) => format!("{} by {fence}", r.outcome),
+                    None => r.outcome.clone(),
+                },
                 status,
                 format!("{} ago", fmt::duration(fmt::millis(r.age_ms))),
                 fmt::duration(fmt::millis(r.duration_ms)),

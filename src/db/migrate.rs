@@ -66,6 +66,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "notify_idle",
         sql: include_str!("../../migrations/0007_notify_idle.sql"),
     },
+    Migration {
+        version: 8,
+        name: "steps_replace",
+        sql: include_str!("../../migrations/0008_steps_replace.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -22,8 +22,12 @@
 mod child;
 pub mod events;
 pub mod heartbeat;
+mod replace;
 pub mod slot;
+mod steps;
 mod wait;
+
+pub use steps::acquire;
 
 use std::future::Future;
 use std::time::Duration;
@@ -68,6 +72,18 @@ struct Me {
     token: Uuid,
 }
 
+impl Me {
+    fn new() -> Me {
+        Me {
+            host: nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "unknown".into()),
+            pid: std::process::id() as i32,
+            token: Uuid::new_v4(),
+        }
+    }
+}
+
 pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     let cfg = RunConfig::new(args)?;
     let mut signals = Signals::install()?;
@@ -76,13 +92,10 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         db = connect(db_args, &cfg, started) => db?,
         sig = signals.recv() => return Ok(Exit::from_signal(sig)),
     };
-    let me = Me {
-        host: nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "unknown".into()),
-        pid: std::process::id() as i32,
-        token: Uuid::new_v4(),
-    };
+    let me = Me::new();
+    if let Some(token) = cfg.token {
+        return steps::step(&mut db, cfg, &me, token, &mut signals).await;
+    }
 
     if let Some(within) = cfg.reuse_within {
         let found = tokio::select! {
@@ -112,6 +125,11 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         if db.can_listen() {
             hb.watch_releases(listening);
         }
+        let replaced = (&lease, acquired_at);
+        if let Some(exit) = replace::await_stop(&mut db, &cfg, replaced, &mut hb, &mut signals).await
+        {
+            return Ok(exit);
+        }
         let clock = DbClock {
             db_time: lease.granted_at,
             local: acquired_at,
@@ -130,16 +148,19 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
                     info!("reconnect failed: {e:#}");
                 }
             }
-            Prepared::TooLate { why, silent_db } => {
-                let why = format!("{why}; the command was not started");
-                if silent_db {
-                    return Err(Failure::Unavailable(why).into());
-                }
-                say!("{why}");
-                return Ok(Exit::LeaseLost);
-            }
+            Prepared::TooLate { why, silent_db } => return too_late(why, silent_db),
         }
     }
+}
+
+/// The command could not be started in time to be stopped before the lease could expire.
+fn too_late(why: String, silent_db: bool) -> Result<Exit> {
+    let why = format!("{why}; the command was not started");
+    if silent_db {
+        return Err(Failure::Unavailable(why).into());
+    }
+    say!("{why}");
+    Ok(Exit::LeaseLost)
 }
 
 /// Connects (and checks the schema). A waiter (`--wait`) also waits out a database it cannot
@@ -384,8 +405,12 @@ fn argv(cfg: &RunConfig) -> Vec<String> {
         .collect()
 }
 
-/// Releases the lease, best-effort, giving up at `until`.
+/// Releases the lease, best-effort, giving up at `until` — unless it outlives the run (a step's,
+/// [`Lease::keep`]: `release --token` ends it).
 async fn release_within(db: &Db, lease: &Lease, until: Instant) {
+    if lease.keep {
+        return;
+    }
     let until = until.max(Instant::now() + Duration::from_millis(500));
     if let Err(e) = bounded(until, leases::release(&db.client, &db.schema, lease)).await {
         info!(
@@ -780,8 +805,13 @@ async fn record_lost(
         .await;
     }
     match stored {
-        Ok(()) => say!(
+        Ok(runs::Lost::Lost) => say!(
             "lease on '{}' lost; no result stored (output kept as lost run {})",
+            lease.target,
+            record.id
+        ),
+        Ok(runs::Lost::Preempted { fence, by }) => say!(
+            "lease on '{}' taken by --replace of {by} (fence {fence}); no result stored (output kept as preempted run {})",
             lease.target,
             record.id
         ),

@@ -179,6 +179,13 @@ pub(super) async fn obtain(
     result
 }
 
+fn mismatch(cfg: &RunConfig, in_force: i32) -> anyhow::Error {
+    crate::error::usage(format!(
+        "'{}' is held with --max-holders {in_force} (the N of its first holder stands until none is left); this caller asked for {}",
+        cfg.target, cfg.max_holders
+    ))
+}
+
 /// The one line of a busy caller that does not wait: the holder, or the queue that goes first.
 fn describe_busy(busy: &Busy) -> String {
     let n = busy.waiting;
@@ -249,13 +256,15 @@ impl Waiter {
             Acquired::Held(l) => {
                 return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
             }
-            Acquired::Busy(b) => b,
-            Acquired::Mismatch { in_force } => {
-                return Err(crate::error::usage(format!(
-                    "'{}' is held with --max-holders {in_force} (the N of its first holder stands until none is left); this caller asked for {}",
-                    cfg.target, cfg.max_holders
-                )));
+            Acquired::Busy(_) if cfg.replace => {
+                return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
+                    Acquired::Held(l) => Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening))),
+                    Acquired::Mismatch { in_force } => Err(mismatch(cfg, in_force)),
+                    Acquired::Busy(_) => Ok(Attempt::Again),
+                };
             }
+            Acquired::Busy(b) => b,
+            Acquired::Mismatch { in_force } => return Err(mismatch(cfg, in_force)),
         };
         match &busy.mine {
             Some(Place::Superseded(by)) => {
@@ -415,7 +424,9 @@ async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Ex
             .exit_code
             .and_then(|c| u8::try_from(c).ok())
             .unwrap_or(Exit::NOT_FOUND),
-        Outcome::Lost | Outcome::Interrupted | Outcome::Skipped => return Ok(None),
+        Outcome::Lost | Outcome::Interrupted | Outcome::Skipped | Outcome::Preempted => {
+            return Ok(None)
+        }
     };
     if truncated {
         return Ok(None);

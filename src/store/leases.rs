@@ -33,6 +33,25 @@ pub struct Lease {
     pub label: Option<String>,
     /// The row: 0 for the single holder, 1…N for one of `--max-holders` N.
     pub place: i32,
+    /// The lease outlives this run: taken by `acquire`, used by `run --token`. Its save keeps
+    /// the lease (renewed, and marked idle) instead of releasing it, and nothing else releases
+    /// it either: that is `release --token`'s job, or its TTL's.
+    pub keep: bool,
+    /// The holder this lease was taken from by `--replace`, whose stop must be awaited.
+    pub replaced: Option<Replaced>,
+}
+
+/// The holder a `--replace` took a lease from.
+#[derive(Debug, Clone)]
+pub struct Replaced {
+    /// `host pid N [label]`.
+    pub who: String,
+    pub fence: i64,
+    /// How long its lease still had to run when it was taken (its TTL after its last
+    /// heartbeat): it cannot run its command past that.
+    pub expires_in: Duration,
+    /// It ran no command (an `acquire`d lease between steps): nothing to wait for.
+    pub idle: bool,
 }
 
 impl Lease {
@@ -71,18 +90,23 @@ pub struct Holder {
     pub expires_in: Duration,
 }
 
+/// `ci-7 pid 4411 [label]`: a holder as messages name it.
+pub fn who(host: Option<String>, pid: Option<i32>, label: Option<String>) -> String {
+    let mut who = match (host, pid) {
+        (Some(h), Some(p)) => format!("{h} pid {p}"),
+        (Some(h), None) => h,
+        _ => "an unknown holder".into(),
+    };
+    if let Some(l) = label {
+        who.push_str(&format!(" [{l}]"));
+    }
+    who
+}
+
 impl Holder {
     /// `ci-7 pid 4411 [label]`.
     pub fn who(&self) -> String {
-        let mut who = match (&self.host, self.pid) {
-            (Some(h), Some(p)) => format!("{h} pid {p}"),
-            (Some(h), None) => h.clone(),
-            _ => "an unknown holder".into(),
-        };
-        if let Some(l) = &self.label {
-            who.push_str(&format!(" [{l}]"));
-        }
-        who
+        who(self.host.clone(), self.pid, self.label.clone())
     }
 
     pub fn describe(&self) -> String {
@@ -276,6 +300,8 @@ fn lease_from_row(target: &str, who: &Contender<'_>, place: i32, row: &Row) -> L
         granted_at: row.get("granted_at"),
         label: who.label.map(str::to_owned),
         place,
+        keep: false,
+        replaced: None,
     }
 }
 
@@ -472,6 +498,271 @@ pub(super) fn holder_from_row(r: &Row) -> Holder {
     }
 }
 
+/// `--replace`: takes a place of `target` even from a live holder, in one transaction under the
+/// target's lock (place 0's row, as [`acquire_place`] takes it). The place is a free one if there
+/// is any (a free lease, or one only waiters queue for: a replacement goes first), otherwise the
+/// oldest live holder's. That holder is told at once (NOTIFY on the lease channel) and, finding
+/// its token gone, stops its command and records its run `preempted` (the place keeps its token
+/// in `preempted_token`). The caller must not start its own command before that holder has
+/// recorded its stop or its lease would have expired anyway ([`Lease::replaced`] says until when).
+pub async fn replace(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Acquired> {
+    client
+        .batch_execute("BEGIN")
+        .await
+        .context("cannot replace the holder")?;
+    let taken = take_place(client, schema, target, who).await;
+    let end = if matches!(taken, Ok(Acquired::Held(_))) {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
+    let ended = client.batch_execute(end).await;
+    let taken = taken.context("cannot replace the holder")?;
+    ended.context("cannot replace the holder")?;
+    Ok(taken)
+}
+
+async fn take_place(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Acquired> {
+    let lock = schema.sql(
+        "INSERT INTO {s}.leases AS l (target, place, fence, ttl_ms, heartbeat_at, acquired_at)
+         VALUES ($1, 0, 0, $2, now(), now())
+         ON CONFLICT (target, place) DO UPDATE SET max_holders = l.max_holders",
+    );
+    client
+        .execute_typed(&lock, &[(&target, Type::TEXT), (&ms(who.ttl), Type::INT8)])
+        .await?;
+    let read = sql(
+        schema,
+        "SELECT l.place, l.max_holders, l.token, l.fence, l.ttl_ms,
+                l.token IS NOT NULL AND NOT {expired} AS live,
+                l.idle_token IS NOT DISTINCT FROM l.token AS idle,
+                l.holder_host, l.holder_pid, l.holder_label,
+                {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
+           FROM {s}.leases l WHERE l.target = $1 ORDER BY l.place",
+    );
+    let rows = client.query_typed(&read, &[(&target, Type::TEXT)]).await?;
+    let live: Vec<&Row> = rows.iter().filter(|r| r.get::<_, bool>("live")).collect();
+    let n = who.max_holders;
+    let in_force = match (rows.first(), live.is_empty()) {
+        (Some(r), false) => r.get("max_holders"),
+        _ => n,
+    };
+    if in_force != n {
+        return Ok(Acquired::Mismatch { in_force });
+    }
+    let held = |p: i32| live.iter().any(|r| r.get::<_, i32>("place") == p);
+    let free = if n == 1 {
+        Some(0).filter(|p| !held(*p))
+    } else {
+        (1..=n).find(|p| !held(*p))
+    };
+    // Otherwise the oldest live holder: the one that has run longest.
+    let victim = match free {
+        Some(_) => None,
+        None => live
+            .iter()
+            .filter(|r| n == 1 || r.get::<_, i32>("place") > 0)
+            .max_by_key(|r| r.get::<_, i64>("running_ms")),
+    };
+    let place = match (free, victim) {
+        (Some(p), _) => p,
+        (None, Some(v)) => v.get("place"),
+        (None, None) => unreachable!("a target with no free place has a live holder"),
+    };
+    let old_token: Option<Uuid> = victim.and_then(|v| v.get("token"));
+    let take = sql(
+        schema,
+        "WITH counter AS (
+             UPDATE {s}.leases l
+                SET fence = l.fence + 1, max_holders = $8,
+                    token = CASE WHEN $9 = 0 THEN $2 END,
+                    ttl_ms = CASE WHEN $9 = 0 THEN $3 ELSE l.ttl_ms END,
+                    heartbeat_at = now(), acquired_at = now(),
+                    holder_host = CASE WHEN $9 = 0 THEN $4 END,
+                    holder_pid = CASE WHEN $9 = 0 THEN $5 END,
+                    holder_label = CASE WHEN $9 = 0 THEN $6 END,
+                    preempted_token = CASE WHEN $9 = 0 THEN coalesce($7, l.preempted_token)
+                                           ELSE l.preempted_token END
+              WHERE l.target = $1 AND l.place = 0
+             RETURNING l.fence
+         ), placed AS (
+             INSERT INTO {s}.leases AS l
+                    (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
+                     holder_host, holder_pid, holder_label, max_holders, preempted_token)
+             SELECT $1, $9, $2, counter.fence, $3, now(), now(), $4, $5, $6, $8, $7
+               FROM counter WHERE $9 > 0
+             ON CONFLICT (target, place) DO UPDATE
+                SET token = excluded.token, fence = excluded.fence, ttl_ms = excluded.ttl_ms,
+                    heartbeat_at = now(), acquired_at = now(),
+                    holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
+                    holder_label = excluded.holder_label, max_holders = excluded.max_holders,
+                    preempted_token = coalesce(excluded.preempted_token, l.preempted_token)
+         )
+         SELECT fence, now() AS granted_at, pg_notify($10, $1) FROM counter",
+    );
+    let channel = schema.lease_channel();
+    let row = client
+        .query_typed_one(
+            &take,
+            &[
+                (&target, Type::TEXT),
+                (&who.token, Type::UUID),
+                (&ms(who.ttl), Type::INT8),
+                (&who.host, Type::TEXT),
+                (&who.pid, Type::INT4),
+                (&who.label, Type::TEXT),
+                (&old_token, Type::UUID),
+                (&n, Type::INT4),
+                (&place, Type::INT4),
+                (&channel, Type::TEXT),
+            ],
+        )
+        .await?;
+    let mut lease = lease_from_row(target, who, place, &row);
+    lease.replaced = victim.map(|v| {
+        let h = holder_from_row(v);
+        Replaced {
+            who: h.who(),
+            fence: h.fence,
+            expires_in: h.expires_in,
+            idle: v.get("idle"),
+        }
+    });
+    Ok(Acquired::Held(lease))
+}
+
+/// `run --token`: takes up a lease held by `acquire` for one step — renews it, marks it busy and
+/// names this process as its holder; with the TTL it was taken with, which the step heartbeats
+/// by. `None` when the token does not hold a live lease of the target (taken over, released, or
+/// expired since the last step).
+pub async fn adopt(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    token: Uuid,
+    (host, pid): (&str, i32),
+) -> Result<Option<(Lease, Duration)>> {
+    let sql = sql(
+        schema,
+        "UPDATE {s}.leases l
+            SET heartbeat_at = now(), idle_token = NULL, holder_host = $3, holder_pid = $4
+          WHERE l.target = $1 AND l.token = $2 AND NOT {expired}
+         RETURNING l.fence, l.place, l.ttl_ms, l.holder_label, now() AS granted_at",
+    );
+    let rows = client
+        .query_typed(
+            &sql,
+            &[
+                (&target, Type::TEXT),
+                (&token, Type::UUID),
+                (&host, Type::TEXT),
+                (&pid, Type::INT4),
+            ],
+        )
+        .await
+        .context("cannot take up the lease")?;
+    Ok(rows.first().map(|r| {
+        let lease = Lease {
+            target: target.to_owned(),
+            token,
+            fence: r.get("fence"),
+            granted_at: r.get("granted_at"),
+            label: r.get("holder_label"),
+            place: r.get("place"),
+            keep: true,
+            replaced: None,
+        };
+        (lease, crate::fmt::millis(r.get("ttl_ms")))
+    }))
+}
+
+/// `acquire`, once it holds the lease: renews it and marks it idle — no command runs under it
+/// until a `run --token` step takes it up. `false` when the token no longer holds it.
+pub async fn set_idle(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
+    let sql = schema.sql(
+        "UPDATE {s}.leases SET heartbeat_at = now(), idle_token = token
+          WHERE target = $1 AND token = $2",
+    );
+    let n = client
+        .execute_typed(
+            &sql,
+            &[(&lease.target, Type::TEXT), (&lease.token, Type::UUID)],
+        )
+        .await
+        .context("cannot hand out the lease")?;
+    Ok(n == 1)
+}
+
+/// `renew`: extends a lease held by `token` (by its TTL, or `ttl` from now on). `None` when the
+/// token does not hold a live lease of the target. Returns the fence and the TTL in force.
+pub async fn renew(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    token: Uuid,
+    ttl: Option<Duration>,
+) -> Result<Option<(i64, Duration)>> {
+    let sql = sql(
+        schema,
+        "UPDATE {s}.leases l SET heartbeat_at = now(), ttl_ms = coalesce($3, l.ttl_ms)
+          WHERE l.target = $1 AND l.token = $2 AND NOT {expired}
+         RETURNING l.fence, l.ttl_ms",
+    );
+    let ttl = ttl.map(ms);
+    let rows = client
+        .query_typed(
+            &sql,
+            &[
+                (&target, Type::TEXT),
+                (&token, Type::UUID),
+                (&ttl, Type::INT8),
+            ],
+        )
+        .await
+        .context("cannot renew the lease")?;
+    Ok(rows
+        .first()
+        .map(|r| (r.get("fence"), crate::fmt::millis(r.get("ttl_ms")))))
+}
+
+/// Why `token` does not hold a live lease of `target`, for the one line that says so.
+pub async fn why_not_held(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    token: Uuid,
+) -> Result<String> {
+    let sql = sql(
+        schema,
+        "SELECT {expired} AS expired, {heartbeat_age_ms} AS age_ms, l.ttl_ms
+           FROM {s}.leases l WHERE l.target = $1 AND l.token = $2",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&token, Type::UUID)])
+        .await
+        .context("cannot read the lease")?;
+    Ok(match rows.first() {
+        Some(r) => format!(
+            "the lease on '{target}' expired (last heartbeat {} ago, ttl {})",
+            crate::fmt::duration(crate::fmt::millis(r.get("age_ms"))),
+            crate::fmt::duration(crate::fmt::millis(r.get("ttl_ms")))
+        ),
+        None => format!(
+            "this token does not hold '{target}' (released, expired and taken, or replaced)"
+        ),
+    })
+}
+
 /// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
 /// or force-released, and the holder must stop at once.
 pub async fn heartbeat(
@@ -492,55 +783,75 @@ pub async fn heartbeat(
 
 /// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
 pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
-    let sql = schema.sql(
-        "UPDATE {s}.leases SET token = NULL, holder_host = NULL, holder_pid = NULL,
-                holder_label = NULL
-          WHERE target = $1 AND token = $2
-         RETURNING pg_notify($3, target)",
+    Ok(release_token(client, schema, &lease.target, lease.token)
+        .await?
+        .is_some())
+}
+
+/// Releases the place of `target` that `token` holds (live or expired: nobody took it) and wakes
+/// waiters. `None` when the token holds no place; otherwise whether its lease had expired.
+pub async fn release_token(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    token: Uuid,
+) -> Result<Option<bool>> {
+    let sql = sql(
+        schema,
+        "UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
+                holder_label = NULL, idle_token = NULL
+          WHERE l.target = $1 AND l.token = $2
+         RETURNING {expired} AS expired, pg_notify($3, l.target)",
     );
     let channel = schema.lease_channel();
     let rows = client
         .query_typed(
             &sql,
             &[
-                (&lease.target, Type::TEXT),
-                (&lease.token, Type::UUID),
+                (&target, Type::TEXT),
+                (&token, Type::UUID),
                 (&channel, Type::TEXT),
             ],
         )
         .await
         .context("cannot release the lease")?;
-    Ok(!rows.is_empty())
+    Ok(rows.first().map(|r| r.get("expired")))
 }
 
 /// Operator override: frees `target` whoever holds it — every place, with `--max-holders`.
-/// Returns the holders it had, by place. The fence is kept, so the next acquisition is still
-/// numbered higher. One statement, so the holders reported are the ones actually released.
-pub async fn force_release(client: &Client, schema: &Schema, target: &str) -> Result<Vec<Holder>> {
+/// Returns the holders it had, by place, and whether each was idle (an `acquire`d lease between
+/// steps: nothing runs). The fence is kept, so the next acquisition is still numbered higher.
+/// One statement, so the holders reported are the ones actually released.
+pub async fn force_release(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+) -> Result<Vec<(Holder, bool)>> {
     let sql = sql(
         schema,
         "WITH old AS (
              SELECT l.target, l.place, l.holder_host, l.holder_pid, l.holder_label, l.fence,
-                    l.ttl_ms, {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
+                    l.ttl_ms, {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms,
+                    l.idle_token IS NOT DISTINCT FROM l.token AS idle
                FROM {s}.leases l WHERE l.target = $1 AND l.token IS NOT NULL FOR UPDATE
          )
          UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
-                holder_label = NULL
+                holder_label = NULL, idle_token = NULL
            FROM old WHERE l.target = old.target AND l.place = old.place
          RETURNING old.place, old.holder_host, old.holder_pid, old.holder_label, old.fence,
-                   old.ttl_ms, old.age_ms, old.running_ms, pg_notify($2, l.target)",
+                   old.ttl_ms, old.age_ms, old.running_ms, old.idle, pg_notify($2, l.target)",
     );
     let channel = schema.lease_channel();
     let rows = client
         .query_typed(&sql, &[(&target, Type::TEXT), (&channel, Type::TEXT)])
         .await
         .context("cannot release the lease")?;
-    let mut holders: Vec<(i32, Holder)> = rows
+    let mut holders: Vec<(i32, Holder, bool)> = rows
         .iter()
-        .map(|r| (r.get("place"), holder_from_row(r)))
+        .map(|r| (r.get("place"), holder_from_row(r), r.get("idle")))
         .collect();
-    holders.sort_by_key(|(place, _)| *place);
-    Ok(holders.into_iter().map(|(_, h)| h).collect())
+    holders.sort_by_key(|(place, ..)| *place);
+    Ok(holders.into_iter().map(|(_, h, idle)| (h, idle)).collect())
 }
 
 /// One target as `status` shows it: its lease and its newest run.

@@ -36,6 +36,8 @@ pub enum Outcome {
     ExecFailed,
     /// `run --slot` found its slot already done and did not run (see [`skip_if_done`]).
     Skipped,
+    /// A `--replace` took the lease; the command was stopped (see [`record_lost`]).
+    Preempted,
 }
 
 impl Outcome {
@@ -47,6 +49,7 @@ impl Outcome {
             Outcome::Lost => "lost",
             Outcome::ExecFailed => "exec_failed",
             Outcome::Skipped => "skipped",
+            Outcome::Preempted => "preempted",
         }
     }
 
@@ -58,6 +61,7 @@ impl Outcome {
             "lost" => Outcome::Lost,
             "exec_failed" => Outcome::ExecFailed,
             "skipped" => Outcome::Skipped,
+            "preempted" => Outcome::Preempted,
             _ => return None,
         })
     }
@@ -168,9 +172,17 @@ pub async fn save_fenced(
              ) e ORDER BY e.ord
              RETURNING pg_notify($25, '')
          ), released AS (
-             UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL
+             -- Released — or, for a lease that outlives the run ($27: `run --token`), renewed
+             -- and marked idle until the next step.
+             UPDATE {{s}}.leases l
+                SET token = CASE WHEN $27 THEN l.token END,
+                    holder_host = CASE WHEN $27 THEN l.holder_host END,
+                    holder_pid = CASE WHEN $27 THEN l.holder_pid END,
+                    holder_label = CASE WHEN $27 THEN l.holder_label END,
+                    idle_token = CASE WHEN $27 THEN l.token END,
+                    heartbeat_at = now()
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING pg_notify($24, l.target)
+             RETURNING CASE WHEN NOT $27 THEN pg_notify($24, l.target) END
          )
          SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
                 (SELECT count(*) FROM released) AS released"
@@ -187,6 +199,7 @@ pub async fn save_fenced(
         (&lease_channel, Type::TEXT),
         (&outbox_channel, Type::TEXT),
         (&run.job_events, Type::JSONB),
+        (&lease.keep, Type::BOOL),
     ]);
     let row = client.query_typed_one(&sql, &params).await?;
     let stored: i64 = row.get("runs");
@@ -285,27 +298,90 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
     })
 }
 
-/// Records a run that lost its lease (outcome `lost`), without any lease check and without an
-/// event: the operator keeps its output (a rotated token printed by a fenced-out refresh must
-/// not vanish), but nothing downstream hears of it and `--reuse-within` never returns it.
+/// Records a run that lost its lease, without any lease check and without an event: the
+/// operator keeps its output (a rotated token printed by a fenced-out refresh must not vanish),
+/// but nothing downstream hears of it and `--reuse-within` never returns it.
+///
+/// The outcome is `preempted` when a `--replace` took the lease from this token (the place's
+/// `preempted_token`), with the replacement's fence in `preempted_by`; otherwise `lost`.
 pub async fn record_lost(
     client: &Client,
     schema: &Schema,
     lease: &Lease,
     run: &RunRecord<'_>,
-) -> Result<()> {
+) -> Result<Lost> {
     let sql = sql(
         schema,
-        &format!("{INSERT_RUN} VALUES ({RUN_VALUES}, NULL) ON CONFLICT (id) DO NOTHING"),
+        &format!(
+            "WITH by AS (
+                 SELECT fence, holder_host, holder_pid, holder_label FROM {{s}}.leases
+                  WHERE target = $2 AND preempted_token = $4 LIMIT 1
+             ), run AS (
+                 {insert}
+                 SELECT $1, $2, $3, $4, CASE WHEN by.fence IS NULL THEN $5 ELSE 'preempted' END,
+                        $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
+                        NULL, by.fence
+                   FROM (SELECT 1) one LEFT JOIN by ON true
+                 ON CONFLICT (id) DO NOTHING
+             )
+             SELECT by.fence, by.holder_host, by.holder_pid, by.holder_label
+               FROM (SELECT 1) one LEFT JOIN by ON true",
+            insert = INSERT_RUN.replace("done_by)", "done_by, preempted_by)"),
+        ),
     );
     let mut f = RunFields::new(run);
     f.outcome = Outcome::Lost.as_str();
     let params = f.params(lease, run);
-    client
-        .execute_typed(&sql, &params)
+    let row = client
+        .query_typed_one(&sql, &params)
         .await
         .context("cannot record the lost run")?;
-    Ok(())
+    Ok(match row.get::<_, Option<i64>>("fence") {
+        None => Lost::Lost,
+        Some(fence) => Lost::Preempted {
+            fence,
+            by: super::leases::who(
+                row.get("holder_host"),
+                row.get("holder_pid"),
+                row.get("holder_label"),
+            ),
+        },
+    })
+}
+
+/// How [`record_lost`] recorded a run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lost {
+    Lost,
+    /// A `--replace` by `by` (`host pid N [label]`) took the lease, with this fence.
+    Preempted { fence: i64, by: String },
+}
+
+/// The stop of a holder whose lease was taken (`release --force`, `--replace`): its run of
+/// `target` with `fence` recorded `lost` or `preempted` — the only outcomes a holder that finds
+/// its token gone records, whatever it was doing. The outcome, not just the fence, tells the
+/// stop from the earlier steps of a lease that spans several (`run --token`), which share its
+/// fence and were stored (or interrupted, or timed out) while it was still held.
+pub async fn stop_recorded(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    fence: i64,
+) -> Result<Option<(Uuid, Outcome)>> {
+    let sql = sql(
+        schema,
+        "SELECT id, outcome FROM {s}.runs
+          WHERE target = $1 AND fence = $2 AND outcome IN ('lost', 'preempted')
+          ORDER BY finished_at DESC LIMIT 1",
+    );
+    let rows = client
+        .query_typed(&sql, &[(&target, Type::TEXT), (&fence, Type::INT8)])
+        .await
+        .context("cannot look up the old holder's run")?;
+    Ok(rows.first().map(|r| {
+        let outcome: &str = r.get("outcome");
+        (r.get("id"), Outcome::parse(outcome).unwrap_or(Outcome::Lost))
+    }))
 }
 
 /// What [`skip_if_done`] found.
@@ -495,6 +571,8 @@ pub struct Listed {
     pub done_by: Option<Uuid>,
     /// `run --label`.
     pub label: Option<String>,
+    /// `preempted`: the fence of the `--replace` that took the lease.
+    pub preempted_by: Option<i64>,
 }
 
 /// The newest `limit` runs of `target`, newest first, without their output.
@@ -511,7 +589,7 @@ pub async fn list(
                 round(extract(epoch FROM now() - finished_at) * 1000)::int8 AS age_ms,
                 length(stdout)::int8 AS stdout_bytes, stdout_truncated,
                 length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error,
-                slot, slot_end, done_by, label
+                slot, slot_end, done_by, label, preempted_by
            FROM {s}.runs WHERE target = $1
           ORDER BY finished_at DESC LIMIT $2",
     );
@@ -539,6 +617,7 @@ pub async fn list(
             stderr_truncated: r.get("stderr_truncated"),
             argv: r.get("argv"),
             error: r.get("error"),
+            preempted_by: r.get("preempted_by"),
             slot: r.get("slot"),
             slot_end: r.get("slot_end"),
             done_by: r.get("done_by"),

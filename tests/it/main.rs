@@ -40,4 +40,5 @@ mod singleflight;
 mod sink_brokers;
 mod sink_local;
 mod slot;
+mod steps;
 mod supervise;

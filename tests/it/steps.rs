@@ -1,0 +1,241 @@
+//! Leases across steps (issue 11 §3): `acquire` prints a lease that outlives it, `run --token`
+//! runs steps under it with the same fenced save, `renew` extends it between steps and
+//! `release --token` ends it; a token that no longer holds the target gets 76 everywhere.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+/// `acquire --format json` on `target` with `extra` flags: (token, fence).
+fn acquire(env: &Env, target: &str, extra: &[&str]) -> (String, i64) {
+    let mut args = vec!["acquire", "--target", target, "--format", "json"];
+    args.extend_from_slice(extra);
+    let o = env.run(&args);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["target"], target);
+    (
+        doc["token"].as_str().unwrap().to_owned(),
+        doc["fence"].as_i64().unwrap(),
+    )
+}
+
+/// `run --target T --token TOK -- sh -c SCRIPT`.
+fn step(env: &Env, target: &str, token: &str, script: &str) -> std::process::Output {
+    env.run(&["run", "--target", target, "--token", token, "--", "sh", "-c", script])
+}
+
+#[test]
+fn three_steps_run_under_one_lease_with_one_fence_and_the_lease_is_held_between_them() {
+    let env = Env::new();
+    let (token, fence) = acquire(&env, "deploy", &["--ttl", "10m", "--label", "sha-1"]);
+    let log = env.path("steps");
+    for n in 1..=3 {
+        let script = format!(
+            "echo \"step{n} $LEASECTL_FENCE $LEASECTL_TOKEN\" >> '{}'",
+            log.display()
+        );
+        let o = step(&env, "deploy", &token, &script);
+        assert_eq!(code(&o), 0, "step {n}: {}", stderr(&o));
+        // Between steps the lease is held: another caller finds the target busy.
+        let other = env.run(&["run", "--target", "deploy", "--", "true"]);
+        assert_eq!(code(&other), 75, "{}", stderr(&other));
+        assert_eq!(env.held_leases(), "1");
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    for n in 1..=3 {
+        assert!(
+            lines.contains(&format!("step{n} {fence} {token}\n")),
+            "{lines}"
+        );
+    }
+    // Each step is a stored run of that fence (with its event), labelled like the lease.
+    let stored = env.scalar(&format!(
+        "SELECT count(*) FROM runs WHERE target = 'deploy' AND fence = {fence}
+            AND outcome = 'completed' AND label = 'sha-1'"
+    ));
+    assert_eq!(stored, "3");
+    let events = env.scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'deploy'");
+    assert_eq!(events, "3");
+    // The lease is idle between steps.
+    let idle = env.scalar("SELECT idle_token = token FROM leases WHERE target = 'deploy'");
+    assert_eq!(idle, "t");
+
+    let o = env.run(&["release", "--target", "deploy", "--token", &token]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.held_leases(), "0");
+    // The next acquisition gets a higher fence.
+    let (_, next) = acquire(&env, "deploy", &[]);
+    assert!(next > fence);
+}
+
+#[test]
+fn a_token_whose_lease_expired_and_was_taken_gets_76_from_run_renew_and_release() {
+    let env = Env::new();
+    let (token, fence) = acquire(&env, "t", &["--ttl", "1s"]);
+    wait_for("the lease to expire", || {
+        env.scalar("SELECT heartbeat_at + ttl_ms * interval '1ms' < now() FROM leases WHERE target = 't'")
+            == "t"
+    });
+    // Expired but not taken yet: a step does not start, and says why.
+    let ran = env.path("ran");
+    let o = step(&env, "t", &token, &format!("touch '{}'", ran.display()));
+    assert_eq!(code(&o), 76, "{}", stderr(&o));
+    assert!(stderr(&o).contains("expired"), "{}", stderr(&o));
+    assert!(!ran.exists(), "the step must not run on an expired lease");
+
+    // Someone else takes the target.
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let newer = env.scalar("SELECT fence FROM leases WHERE target = 't'");
+    assert!(newer.parse::<i64>().unwrap() > fence);
+
+    let o = step(&env, "t", &token, &format!("touch '{}'", ran.display()));
+    assert_eq!(code(&o), 76, "{}", stderr(&o));
+    assert!(!ran.exists());
+    for cmd in ["renew", "release"] {
+        let o = env.run(&[cmd, "--target", "t", "--token", &token]);
+        assert_one_line_error(&o, 76, "does not hold 't'");
+    }
+}
+
+#[test]
+fn renew_extends_the_lease_and_can_change_its_ttl() {
+    let env = Env::new();
+    let (token, _) = acquire(&env, "r", &["--ttl", "2s"]);
+    let o = env.run(&["renew", "--target", "r", "--token", &token, "--ttl", "1h"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        env.scalar("SELECT ttl_ms FROM leases WHERE target = 'r'"),
+        "3600000"
+    );
+    // Past the old TTL, the lease is still held: the target is busy.
+    wait_for("the old TTL to pass", || {
+        env.scalar("SELECT heartbeat_at + interval '2500ms' < now() FROM leases WHERE target = 'r'")
+            == "t"
+    });
+    let o = env.run(&["run", "--target", "r", "--", "true"]);
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    // A step heartbeats by the lease's TTL (1h): a quick step is unaffected, and keeps it.
+    let o = step(&env, "r", &token, "true");
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.held_leases(), "1");
+}
+
+#[test]
+fn the_sh_and_env_formats_export_the_lease() {
+    let env = Env::new();
+    let script = format!(
+        "eval \"$('{}' --database-url '{}' --schema {} acquire --target \"it's\" --ttl 1m)\" && \
+         echo \"$LEASECTL_TARGET|$LEASECTL_FENCE|$LEASECTL_HOLDER_INDEX|$LEASECTL_TOKEN\"",
+        bin().display(),
+        env.url,
+        env.schema
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let fields: Vec<&str> = out.trim().split('|').collect();
+    assert_eq!(&fields[..3], ["it's", "1", "0"], "{out}");
+    let token = env.scalar("SELECT token FROM leases WHERE target = 'it''s'");
+    assert_eq!(fields[3], token);
+
+    let o = env.run(&["acquire", "--target", "e", "--format", "env"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let token = env.scalar("SELECT token FROM leases WHERE target = 'e'");
+    assert_eq!(
+        stdout(&o),
+        format!(
+            "LEASECTL_TARGET=e\nLEASECTL_TOKEN={token}\nLEASECTL_FENCE=1\nLEASECTL_HOLDER_INDEX=0\n"
+        )
+    );
+}
+
+#[test]
+fn a_busy_target_makes_acquire_exit_busy_and_wait_takes_it_when_released() {
+    let env = Env::new();
+    let (token, _) = acquire(&env, "b", &["--ttl", "10m"]);
+    let o = env.run(&["acquire", "--target", "b", "--busy-exit-code", "9"]);
+    assert_eq!(code(&o), 9, "{}", stderr(&o));
+    assert!(stdout(&o).is_empty());
+    let waiter = env.spawn(&["acquire", "--target", "b", "--wait=60s", "--format", "json"]);
+    wait_for("the waiter to queue", || {
+        env.scalar("SELECT count(*) FROM waiters") == "1"
+    });
+    let o = env.run(&["release", "--target", "b", "--token", &token]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = finish(waiter);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["fence"], 2);
+}
+
+#[test]
+fn a_forced_release_during_a_step_waits_for_that_step_not_an_earlier_one() {
+    let env = Env::new();
+    let (token, fence) = acquire(&env, "f", &["--ttl", "10m"]);
+    // An earlier step of the same fence, stored as completed.
+    assert_eq!(code(&step(&env, "f", &token, "true")), 0);
+    let started = env.path("started");
+    let running = env
+        .command()
+        .args(["run", "--target", "f", "--token", &token, "--", "sh", "-c"])
+        .arg(format!("touch '{}'; exec sleep 300", started.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_file_exists(&started);
+    let o = env.run(&["release", "--target", "f", "--force"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    // release names the running step's stop, not the earlier step's completed run.
+    assert!(stdout(&o).contains("as lost"), "{}", stdout(&o));
+    let o = finish(running);
+    assert_eq!(code(&o), 76, "{}", stderr(&o));
+    let lost = env.scalar(&format!(
+        "SELECT count(*) FROM runs WHERE fence = {fence} AND outcome = 'lost'"
+    ));
+    assert_eq!(lost, "1");
+}
+
+#[test]
+fn a_forced_release_of_an_idle_lease_does_not_wait() {
+    let env = Env::new();
+    acquire(&env, "i", &["--ttl", "10m"]);
+    let o = env
+        .command()
+        .args(["release", "--target", "i", "--force"])
+        .output_within(Duration::from_secs(30));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).contains("it ran no command"), "{}", stdout(&o));
+}
+
+#[test]
+fn token_flags_are_checked_before_connecting() {
+    let env = Env::new();
+    let tok = "6f1c0c1e-8a43-4c43-9c55-1d5b0d6a0c11";
+    for (args, needle) in [
+        (
+            vec!["run", "--target", "x", "--token", tok, "--wait", "--", "true"],
+            "--wait",
+        ),
+        (
+            vec!["run", "--target", "x", "--token", tok, "--ttl", "1m", "--", "true"],
+            "--ttl",
+        ),
+        (vec!["release", "--target", "x"], "--force"),
+        (vec!["release", "--target", "x", "--token", "nope"], "nope"),
+        (vec!["renew", "--target", "x", "--token", tok, "--ttl", "1ms"], "too short"),
+        (vec!["acquire", "--target", "x", "--format", "yaml"], "yaml"),
+        (vec!["acquire", "--target", "x", "--replace", "--wait"], "--wait"),
+    ] {
+        let o = env
+            .command_at("postgresql://nobody@127.0.0.1:1/none")
+            .args(&args)
+            .output_in_time();
+        assert_eq!(code(&o), 2, "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}
