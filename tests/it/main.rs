@@ -35,6 +35,7 @@ mod relay_faults;
 mod relay_sinks;
 mod relay_wake;
 mod release;
+mod replace;
 mod safety;
 mod singleflight;
 mod sink_brokers;
