@@ -11,6 +11,7 @@
 
 mod common;
 
+mod ci_examples;
 mod cli;
 mod completions;
 mod connect;
