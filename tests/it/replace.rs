@@ -143,3 +143,10 @@ fn replace_on_a_free_target_just_runs() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(stdout(&o), "hi\n");
 }
+
+// Behind a pooler a running holder learns only at its next heartbeat: see
+// `without_notifications_the_old_holder_stops_at_its_heartbeat_and_the_replacement_waits`.
+crate::via_pooler!(
+    replacing_an_idle_acquired_lease_does_not_wait_and_its_token_is_dead,
+    replace_on_a_free_target_just_runs,
+);

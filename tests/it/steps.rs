@@ -239,3 +239,8 @@ fn token_flags_are_checked_before_connecting() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
+
+crate::via_pooler!(
+    three_steps_run_under_one_lease_with_one_fence_and_the_lease_is_held_between_them,
+    a_token_whose_lease_expired_and_was_taken_gets_76_from_run_renew_and_release,
+);
