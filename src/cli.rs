@@ -162,16 +162,25 @@ With --max-holders N, up to N callers hold TARGET at once, each in its own place
 LEASECTL_HOLDER_INDEX, 0…N−1); fences still increase with every acquisition. A caller with
 another N is a usage error while any place is held.
 
+With --replace, a live holder is told to stop (its run is recorded `preempted`, it exits 76) and
+COMMAND starts only once it has stopped, or its lease would have expired anyway: no overlap.
+
+With --token TOKEN (from `leasectl acquire`), COMMAND runs as one step under that lease: renewed
+while it runs, stored with the same fenced save, and the lease kept for the next step; 76 if the
+token no longer holds TARGET.
+
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
   leasectl run --target deploy --wait --queue latest --label \"$GITHUB_SHA\" -- make deploy
   leasectl run --target licence-pool --max-holders 6 --wait -- ./build
+  leasectl run --target preview-42 --replace --label \"$GITHUB_SHA\" -- ./deploy-preview
+  leasectl run --target deploy --token \"$LEASECTL_TOKEN\" -- ./migrate
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
-Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost (or ran out before
-the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
+Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost, replaced or (with
+--token) no longer held (or ran out before the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
 2 usage; 65 $LEASECTL_EVENTS refused (run stored without them); 69 database down or silent;
 70 internal error; 77 the role lacks a privilege.";
 

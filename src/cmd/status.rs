@@ -79,6 +79,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                             "fence": p.holder.fence,
                             "heartbeat_age_ms": fmt::ms(p.holder.heartbeat_age),
                             "expired": p.expired,
+                            "idle": p.idle,
                         })
                     })
                     .collect();

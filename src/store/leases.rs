@@ -884,6 +884,8 @@ pub struct Place {
     pub index: i32,
     pub holder: Holder,
     pub expired: bool,
+    /// An `acquire`d lease between its steps: no command runs under it.
+    pub idle: bool,
 }
 
 /// Every holder of every target (or just `target`), by target and place.
@@ -891,6 +893,7 @@ pub async fn holders(client: &Client, schema: &Schema, target: Option<&str>) -> 
     let sql = sql(
         schema,
         "SELECT l.target, greatest(l.place - 1, 0) AS index, {expired} AS expired,
+                l.idle_token IS NOT DISTINCT FROM l.token AS idle,
                 l.holder_host, l.holder_pid, l.holder_label, l.fence, l.ttl_ms,
                 {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
            FROM {s}.leases l
@@ -908,6 +911,7 @@ pub async fn holders(client: &Client, schema: &Schema, target: Option<&str>) -> 
             index: r.get("index"),
             holder: holder_from_row(r),
             expired: r.get("expired"),
+            idle: r.get("idle"),
         })
         .collect())
 }

@@ -90,6 +90,38 @@ fn without_notifications_the_old_holder_stops_at_its_heartbeat_and_the_replaceme
     assert!(olds.iter().all(|t| *t < news[0]), "overlap:\n{text}");
 }
 
+/// The old holder was SIGKILLed (its watchdog killed its command): nobody records a stop, so the
+/// replacement waits until the old lease would have expired, then runs.
+#[test]
+fn a_replaced_holder_that_was_killed_is_waited_out_until_its_lease_expires() {
+    let env = Env::new();
+    let log = env.path("log");
+    let mut old = env.hold_with(
+        env.command(),
+        "k",
+        &["--ttl", "6s"],
+        &format!(
+            "trap '' TERM; while :; do echo \"old $(date +%s%N)\" >> '{}'; sleep 0.02; done",
+            log.display()
+        ),
+    );
+    kill(old.id(), libc::SIGKILL);
+    let _ = old.wait();
+    let o = env.run(&[
+        "-v", "run", "--target", "k", "--replace", "--", "sh", "-c",
+        &format!("echo \"new $(date +%s%N)\" >> '{}'", log.display()),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recorded no stop, but its lease has expired"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (olds, news) = (stamps(&text, "old "), stamps(&text, "new "));
+    assert!(olds.iter().all(|t| *t < news[0]), "overlap:\n{text}");
+}
+
 #[test]
 fn replacing_an_idle_acquired_lease_does_not_wait_and_its_token_is_dead() {
     let env = Env::new();

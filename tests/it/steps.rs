@@ -57,9 +57,16 @@ fn three_steps_run_under_one_lease_with_one_fence_and_the_lease_is_held_between_
     assert_eq!(stored, "3");
     let events = env.scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'deploy'");
     assert_eq!(events, "3");
-    // The lease is idle between steps.
-    let idle = env.scalar("SELECT idle_token = token FROM leases WHERE target = 'deploy'");
-    assert_eq!(idle, "t");
+    // The lease is idle between steps, and `status` says so.
+    let status = env.status();
+    let target = status["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["target"] == "deploy")
+        .unwrap()
+        .clone();
+    assert_eq!(target["holders"][0]["idle"], true, "{target}");
 
     let o = env.run(&["release", "--target", "deploy", "--token", &token]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
