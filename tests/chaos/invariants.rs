@@ -29,6 +29,11 @@ struct Tree {
     last_alive: f64,
 }
 
+/// Outcomes recorded for a holder that lost its lease: kept for the operator, never a result.
+fn not_a_result(outcome: Option<&str>) -> bool {
+    matches!(outcome, Some("lost" | "preempted"))
+}
+
 fn f64_of(v: &Option<String>) -> f64 {
     v.as_deref().and_then(|s| s.parse().ok()).unwrap_or(0.0)
 }
@@ -124,7 +129,7 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     ctx.run_log_mark = i64_of(&marks[0][1]);
 
     // I2: results are fenced.
-    for r in runs.iter().filter(|r| r[4].as_deref() != Some("lost")) {
+    for r in runs.iter().filter(|r| !not_a_result(r[4].as_deref())) {
         let (fence, lease_fence) = (i64_of(&r[2]), i64_of(&r[6]));
         if lease_fence != fence || (r[7].is_some() && r[7] != r[3]) {
             v.push((Inv::I2, format!(
@@ -133,7 +138,7 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         }
     }
     for r in ctx.db.query(&format!(
-        "SELECT fence, count(*) FROM \"{schema}\".runs WHERE target = '{t}' AND outcome <> 'lost'
+        "SELECT fence, count(*) FROM \"{schema}\".runs WHERE target = '{t}' AND outcome NOT IN ('lost', 'preempted')
             AND fence > {prev_max} GROUP BY fence HAVING count(*) > 1"
     )) {
         v.push((
@@ -158,7 +163,7 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         "SELECT o.payload->>'run_id', o.payload->>'fence' FROM \"{schema}\".outbox o
            LEFT JOIN \"{schema}\".runs r ON r.id::text = o.payload->>'run_id'
           WHERE o.aggregate_id = '{t}' AND (o.payload->>'fence')::bigint > {prev_max}
-            AND (r.id IS NULL OR r.outcome = 'lost')"
+            AND (r.id IS NULL OR r.outcome IN ('lost', 'preempted'))"
     )) {
         v.push((
             Inv::I2,
@@ -203,7 +208,7 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
             .collect();
         let stored = mine
             .iter()
-            .filter(|r| r[4].as_deref() != Some("lost"))
+            .filter(|r| !not_a_result(r[4].as_deref()))
             .count();
         let outcomes: Vec<_> = mine
             .iter()

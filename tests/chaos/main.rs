@@ -315,7 +315,13 @@ fn chaos() {
         fig.rounds += 1;
         fig.injected += outcome.injected as usize;
         if let Some(a) = outcome.contenders.first() {
-            *fig.exits.entry(a.describe_exit()).or_default() += 1;
+            // Rounds whose second contender used --replace are counted apart.
+            let how = if outcome.contenders.iter().any(|c| c.replace) {
+                format!("{} (replaced)", a.describe_exit())
+            } else {
+                a.describe_exit()
+            };
+            *fig.exits.entry(how).or_default() += 1;
         }
         for (inv, _) in &violations {
             *fig.violations.entry(*inv).or_default() += 1;

@@ -205,6 +205,8 @@ pub struct Contender {
     pub stopped: Option<(f64, f64)>,
     /// Read ends of a broken-pipe fault, dropped to make the reader "go away".
     readers: Vec<OwnedFd>,
+    /// It ran with `--replace` (took the lease from the first contender).
+    pub replace: bool,
 }
 
 impl Contender {
@@ -257,6 +259,8 @@ pub struct Spec {
     pub stderr_pipe: bool,
     pub stdout_pipe: bool,
     pub yes: bool,
+    /// `--replace` instead of `--wait`: take the lease from the holder, which must stop first.
+    pub replace: bool,
 }
 
 /// A pipe whose ends are close-on-exec: the read end must stay in this process only, or the
@@ -291,7 +295,7 @@ fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
     .arg(format!("--ttl={}ms", ctx.cfg.ttl_ms))
     .arg(format!("--heartbeat={}ms", ctx.cfg.heartbeat_ms))
     .arg(format!("--kill-after={}ms", ctx.cfg.kill_after_ms))
-    .arg("--wait=60s")
+    .arg(if s.replace { "--replace" } else { "--wait=60s" })
     .args(["--", "sh", "-c", CHILD])
     .env(procs::MARKER, &s.id)
     .env("CHAOS_LOG", dir.join("children.log"))
@@ -332,6 +336,7 @@ fn spawn(ctx: &Ctx, dir: &Path, s: &Spec) -> Contender {
         hung: false,
         stopped: None,
         readers,
+        replace: s.replace,
     }
 }
 
@@ -381,6 +386,7 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
         stderr_pipe: fault == Fault::StderrPipe,
         stdout_pipe: fault == Fault::StdoutPipe,
         yes: fault == Fault::StdoutPipe,
+        replace: false,
     };
     let b = Spec {
         id: format!("r{round}-b"),
@@ -391,6 +397,7 @@ pub fn run(ctx: &mut Ctx, round: usize, fault: Fault) -> Outcome {
         stderr_pipe: false,
         stdout_pipe: false,
         yes: false,
+        replace: rng.random_bool(0.3),
     };
     let delay = rng.random_range(0.0..(a.sleep_ms as f64 / 1000.0) * 0.9);
     let mut cs = vec![spawn(ctx, &dir, &a)];
