@@ -469,6 +469,25 @@ pub struct RelayArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+
+    /// What to publish: json (leasectl's event object) or cloudevents (CloudEvents 1.0:
+    /// structured JSON for stdout and exec:, binary mode with ce-*/cloudEvents:* headers for
+    /// http, amqp and nats)
+    #[arg(long, value_enum, default_value = "json", value_name = "FORMAT")]
+    pub format: RelayFormat,
+    /// The CloudEvents source attribute, a URI-reference [default: leasectl://SCHEMA]
+    #[arg(long, value_parser = crate::relay::sink::format::parse_source, value_name = "URI")]
+    pub source: Option<String>,
+}
+
+/// `relay --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayFormat {
+    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
+    Json,
+    /// CloudEvents 1.0
+    #[value(name = "cloudevents")]
+    CloudEvents,
 }
 
 #[derive(Debug, Subcommand)]
