@@ -12,6 +12,7 @@
 mod common;
 
 mod cli;
+mod cloudevents;
 mod completions;
 mod connect;
 mod events;

@@ -278,7 +278,7 @@ pub(crate) async fn delete_exchange(channel: &lapin::Channel, exchange: &str) {
         .unwrap();
 }
 
-fn header(d: &lapin::message::Delivery, key: &str) -> Option<String> {
+pub(crate) fn header(d: &lapin::message::Delivery, key: &str) -> Option<String> {
     match d.properties.headers().as_ref()?.inner().get(key)? {
         AMQPValue::LongString(s) => Some(s.to_string()),
         other => Some(format!("{other:?}")),
