@@ -114,14 +114,14 @@ where
 /// A TCP proxy to a broker that the test can cut (every connection closed, nothing listening,
 /// so reconnecting is refused) and restore on the same port: a broker outage, as the sink sees
 /// one.
-struct Proxy {
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     target: std::net::SocketAddr,
     serving: std::cell::RefCell<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Proxy {
-    async fn start(target: &str) -> Proxy {
+    pub(crate) async fn start(target: &str) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = Proxy {
             port: listener.local_addr().unwrap().port(),
@@ -148,7 +148,7 @@ impl Proxy {
         *self.serving.borrow_mut() = Some(task);
     }
 
-    async fn cut(&self) {
+    pub(crate) async fn cut(&self) {
         let serving = self.serving.borrow_mut().take();
         if let Some(task) = serving {
             task.abort();
@@ -156,7 +156,7 @@ impl Proxy {
         }
     }
 
-    async fn restore(&self) {
+    pub(crate) async fn restore(&self) {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
             .await
             .unwrap();
