@@ -361,19 +361,16 @@ fn connection_events(
     move |event| {
         let mut lost = lost.lock().unwrap_or_else(|e| e.into_inner());
         match event {
-            async_nats::Event::Disconnected => {
-                if lost.is_none() {
-                    *lost = Some(Instant::now());
-                    warn!("{sink}: lost the connection to the server; reconnecting (deliveries wait for it, up to --timeout each)");
-                }
+            async_nats::Event::Disconnected if lost.is_none() => {
+                *lost = Some(Instant::now());
+                warn!("{sink}: lost the connection to the server; reconnecting (deliveries wait for it, up to --timeout each)");
             }
-            async_nats::Event::Connected => {
-                if let Some(since) = lost.take() {
-                    warn!(
-                        "{sink}: connected again after {}",
-                        crate::fmt::duration(since.elapsed())
-                    );
-                }
+            async_nats::Event::Connected if lost.is_some() => {
+                let since = lost.take().expect("checked by the guard");
+                warn!(
+                    "{sink}: connected again after {}",
+                    crate::fmt::duration(since.elapsed())
+                );
             }
             _ => {}
         }
