@@ -407,12 +407,19 @@ Sinks:
                                  Nats-Msg-Id = event id
   http(s)://host/path            POST with Idempotency-Key = event id; 2xx = delivered
 
+--format cloudevents publishes CloudEvents 1.0: a structured JSON event on stdout and exec:'s
+stdin; binary mode (the payload as body) with ce-* headers over HTTP and NATS and cloudEvents:*
+headers over AMQP.
+
 Examples:
   leasectl relay --sink amqp://guest:guest@localhost/%2f
   leasectl relay --sink 'nats://localhost:4222?subject=orders'
   leasectl relay --sink https://hooks.example.com/leasectl --timeout 10s
-  leasectl relay --once --sink stdout | jq .type        # from cron: drain what is due, exit
+  leasectl relay --once --sink 'exec:./deliver.sh'     # from cron: drain what is due, exit
+  leasectl relay --once --sink stdout | jq .type        # look (stdout deletes what it printed,
+                                                        # read or not: exec: confirms each event)
   leasectl relay --sink exec:./deliver.sh --metrics 127.0.0.1:9464   # Prometheus scrapes /metrics
+  leasectl relay --sink https://hooks.example.com/ --format cloudevents --source /orders
 
 Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
 events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR); 69 database unreachable, or the sink unreachable with
@@ -562,6 +569,25 @@ pub struct RelayArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
+
+    /// What to publish: json (leasectl's event object) or cloudevents (CloudEvents 1.0:
+    /// structured JSON for stdout and exec:, binary mode with ce-*/cloudEvents:* headers for
+    /// http, amqp and nats)
+    #[arg(long, value_enum, default_value = "json", value_name = "FORMAT")]
+    pub format: RelayFormat,
+    /// The CloudEvents source attribute, a URI-reference [default: leasectl://SCHEMA]
+    #[arg(long, value_parser = crate::relay::sink::format::parse_source, value_name = "URI")]
+    pub source: Option<String>,
+}
+
+/// `relay --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayFormat {
+    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
+    Json,
+    /// CloudEvents 1.0
+    #[value(name = "cloudevents")]
+    CloudEvents,
 }
 
 #[derive(Debug, Subcommand)]

@@ -16,7 +16,8 @@
 //! * [`process`] is the one process supervisor (process group, watchdog, stop by a deadline,
 //!   leftovers, output capture), shared by `run` and the relay's `exec:` sink.
 //! * [`relay`] moves outbox events to a sink: the loop, [`relay::publish`] (the scheduler) and
-//!   one module per sink in [`relay::sink`].
+//!   one module per sink in [`relay::sink`], which all publish what [`relay::sink::format`] builds
+//!   (`--format json|cloudevents`).
 //! * [`cmd`] has one thin module per subcommand.
 //! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
 //!   `main.rs` maps the outcome to one and prints errors once.

@@ -2,14 +2,19 @@
 
 use anyhow::Result;
 
-use crate::cli::{DbArgs, RelayArgs};
+use crate::cli::{DbArgs, RelayArgs, RelayFormat};
 use crate::exit::{usage, Exit};
 use crate::relay::metrics::Metrics;
-use crate::relay::sink::SinkSpec;
+use crate::relay::sink::{format, Format, SinkSpec};
 use crate::relay::{self, RelayConfig};
 
 pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
     let sink = SinkSpec::parse(&args.sink).map_err(|e| usage(format!("--sink: {e}")))?;
+    if args.source.is_some() && args.format != RelayFormat::CloudEvents {
+        return Err(usage(
+            "--source is the CloudEvents source: it needs --format cloudevents",
+        ));
+    }
     let cfg = RelayConfig {
         sink,
         batch: args.batch,
@@ -18,6 +23,14 @@ pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
         max_attempts: args.max_attempts,
         timeout: args.timeout,
         parallel: args.parallel.map(usize::from),
+        format: match args.format {
+            RelayFormat::Json => Format::Json,
+            RelayFormat::CloudEvents => Format::CloudEvents {
+                source: args
+                    .source
+                    .unwrap_or_else(|| format::default_source(&db.schema)),
+            },
+        },
     };
     // Before connecting: a port that is taken is the operator's to fix, whatever the database.
     let metrics = match args.metrics {

@@ -199,7 +199,7 @@ impl Metrics {
                     m.delivered
                         .get_or_create(&m.labels(&c.event.event_type))
                         .inc();
-                    let age = now.duration_since(c.created_at).unwrap_or_default();
+                    let age = now.duration_since(c.event.created_at).unwrap_or_default();
                     m.latency.observe(age.as_secs_f64());
                 }
                 Settle::Failed { dead, .. } => {

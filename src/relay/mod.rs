@@ -72,6 +72,8 @@ pub struct RelayConfig {
     pub max_attempts: i32,
     pub timeout: Duration,
     pub parallel: Option<usize>,
+    /// What is published for an event (`--format`, `--source`).
+    pub format: sink::Format,
 }
 
 /// Runs the relay until `--once` has drained what was due, or a signal arrives, reporting into
@@ -85,6 +87,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         &cfg.sink,
         SinkOptions {
             timeout: cfg.timeout,
+            format: cfg.format.clone(),
         },
     )?;
     let mut relay = Relay {

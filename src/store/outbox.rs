@@ -68,9 +68,9 @@ pub struct Event {
     pub aggregate_id: String,
     /// The event type (AMQP routing key, NATS subject suffix).
     pub event_type: String,
-    /// The published form, one JSON object on one line without a newline:
-    /// `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`.
-    pub json: String,
+    /// The payload: PostgreSQL's jsonb text (valid JSON on one line).
+    pub payload: String,
+    pub created_at: SystemTime,
 }
 
 /// How many of the oldest events the claim looks at, per event it may return.
@@ -151,8 +151,6 @@ RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub event: Event,
-    pub payload: String,
-    pub created_at: SystemTime,
     pub attempts: i32,
     pub next_attempt_at: SystemTime,
     pub last_error: Option<String>,
@@ -166,31 +164,16 @@ pub struct Claimed {
 
 impl Claimed {
     fn from_row(r: &Row) -> Claimed {
-        let id: uuid::Uuid = r.get("id");
-        let aggregate_type: String = r.get("aggregate_type");
-        let aggregate_id: String = r.get("aggregate_id");
-        let event_type: String = r.get("type");
-        let payload: String = r.get("payload");
-        let created_at: SystemTime = r.get("created_at");
-        let json = published_json(
-            &id,
-            &aggregate_type,
-            &aggregate_id,
-            &event_type,
-            &payload,
-            created_at,
-        );
         Claimed {
             event: Event {
                 seq: r.get("seq"),
-                id,
-                aggregate_type,
-                aggregate_id,
-                event_type,
-                json,
+                id: r.get("id"),
+                aggregate_type: r.get("aggregate_type"),
+                aggregate_id: r.get("aggregate_id"),
+                event_type: r.get("type"),
+                payload: r.get("payload"),
+                created_at: r.get("created_at"),
             },
-            payload,
-            created_at,
             attempts: r.get("attempts"),
             next_attempt_at: r.get("next_attempt_at"),
             last_error: r.get("last_error"),
@@ -202,6 +185,7 @@ impl Claimed {
 }
 
 /// SPEC's published form: `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
+/// (`relay --format json`, `outbox discard`; [`crate::relay::sink::format`] builds what sinks send)
 /// on one line. `payload` is PostgreSQL's own jsonb text, spliced in as it is (valid JSON, never
 /// a raw newline), which spares a parse and re-serialisation per event.
 pub fn published_json(
@@ -520,8 +504,8 @@ async fn put_back(
         .map(|r| r.c.event.aggregate_id.as_str())
         .collect();
     let event_type: Vec<&str> = rows.iter().map(|r| r.c.event.event_type.as_str()).collect();
-    let payload: Vec<&str> = rows.iter().map(|r| r.c.payload.as_str()).collect();
-    let created_at: Vec<SystemTime> = rows.iter().map(|r| r.c.created_at).collect();
+    let payload: Vec<&str> = rows.iter().map(|r| r.c.event.payload.as_str()).collect();
+    let created_at: Vec<SystemTime> = rows.iter().map(|r| r.c.event.created_at).collect();
     let attempts: Vec<i32> = rows.iter().map(|r| r.attempts).collect();
     let next_attempt_at: Vec<SystemTime> = rows.iter().map(|r| r.c.next_attempt_at).collect();
     let retry_in_ms: Vec<Option<i64>> = rows.iter().map(|r| r.retry_in_ms).collect();

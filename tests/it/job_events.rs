@@ -226,7 +226,10 @@ fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
     assert_eq!(dirs().len(), 2);
     kill(dead.id(), libc::SIGKILL);
     finish(dead);
-    kill(wait_for_file(&env.path("pid-a")).trim().parse().unwrap(), libc::SIGKILL);
+    kill(
+        wait_for_file(&env.path("pid-a")).trim().parse().unwrap(),
+        libc::SIGKILL,
+    );
     // Both are older than the sweep's minimum age.
     for d in dirs() {
         std::fs::File::open(&d)

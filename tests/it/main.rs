@@ -13,6 +13,7 @@ mod common;
 
 mod ci_examples;
 mod cli;
+mod cloudevents;
 mod completions;
 mod connect;
 mod events;

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use crate::common::*;
 use crate::events::*;
-use crate::relay_sinks::{body, key, no_content, server_error, Relay, Webhook};
+use crate::relay_sinks::{body, key, no_content, server_error, Relay, StreamGuard, Webhook};
+use crate::sink_brokers::{unique, Proxy};
 use crate::sink_local::Answer;
 
 /// §5.1: a receiver that resets the connection on one aggregate's requests (after reading
@@ -427,4 +428,65 @@ fn outbox_retry_of_an_event_in_a_running_batch_says_so_and_requeues_it() {
     let o = relay.stop();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(hook.count(), 2, "the refused try, then the re-queued one");
+}
+
+/// §5.8: a NATS outage was silent until `--timeout` ran out on a delivery (async-nats
+/// reconnects by itself and a publication waits for it). The sink now warns once when the
+/// connection drops and once when it is back — long before the `--timeout` of 60 s here. The
+/// outage is a TCP proxy in front of NATS that is cut (every connection closed, nothing
+/// listening) and restored on the same port.
+#[test]
+fn a_nats_outage_is_warned_when_the_connection_drops_and_when_it_is_back() {
+    let env = migrated();
+    // A multi-thread runtime: the proxy's tasks run on its workers while the test blocks.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let proxy = rt.block_on(Proxy::start("127.0.0.1:4222"));
+    let subject = unique("leasectl_outage_test_");
+    let stream = unique("LEASECTL_OUTAGE_TEST_");
+    let _cleanup = StreamGuard(stream.clone());
+    let sink = format!(
+        "nats://127.0.0.1:{}?subject={subject}&stream={stream}",
+        proxy.port
+    );
+    insert_events(&env, 20, 4, 1);
+    let relay = Relay::spawn(&env, &["--sink", &sink, "--timeout", "60s"]);
+    wait_for("the first events delivered", || outbox_count(&env) == 0);
+
+    let cut = std::time::Instant::now();
+    rt.block_on(proxy.cut());
+    relay.wait_for_stderr("lost the connection to the server");
+    let noticed = cut.elapsed();
+    assert!(
+        noticed < std::time::Duration::from_secs(30),
+        "the outage was said only after {noticed:?}"
+    );
+    // Events inserted meanwhile wait for the connection (async-nats keeps them).
+    insert_events(&env, 20, 4, 21);
+    rt.block_on(proxy.restore());
+    relay.wait_for_stderr("connected again after");
+    wait_for("the events of the outage delivered", || {
+        outbox_count(&env) == 0
+    });
+
+    let o = relay.stop();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    let lost: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("lost the connection"))
+        .collect();
+    assert_eq!(lost.len(), 1, "warned once per outage: {err}");
+    assert!(
+        lost[0].starts_with("leasectl: warning: ")
+            && lost[0].contains(&format!("127.0.0.1:{}", proxy.port)),
+        "{}",
+        lost[0]
+    );
+    assert_eq!(
+        err.lines()
+            .filter(|l| l.contains("connected again"))
+            .count(),
+        1,
+        "{err}"
+    );
 }

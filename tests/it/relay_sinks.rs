@@ -25,7 +25,7 @@ use crate::sink_brokers::{
 };
 use crate::sink_local::{closed_port, status, Answer, Peer, Request};
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -96,7 +96,7 @@ fn amqp_sink(exchange: &str) -> String {
 }
 
 /// Deletes the exchange when dropped, on a connection of its own (also when the test fails).
-struct ExchangeGuard(String);
+pub(crate) struct ExchangeGuard(pub(crate) String);
 
 impl Drop for ExchangeGuard {
     fn drop(&mut self) {
@@ -124,7 +124,7 @@ async fn queue_length(channel: &lapin::Channel, queue: &ShortString) -> u32 {
 }
 
 /// Consumes exactly `count` messages from `queue`, in queue order; then the queue must be empty.
-async fn consume(
+pub(crate) async fn consume(
     channel: &lapin::Channel,
     queue: &ShortString,
     count: usize,
@@ -335,7 +335,7 @@ fn sigterm_stops_a_relay_mid_rabbitmq_batch_with_exit_0_and_nothing_lost() {
 // NATS JetStream
 
 /// Deletes the stream when dropped, on a connection of its own (also when the test fails).
-struct StreamGuard(String);
+pub(crate) struct StreamGuard(pub(crate) String);
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {

@@ -20,7 +20,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
 use leasectl::relay::sink::amqp::{self, Amqp};
 use leasectl::relay::sink::nats::{self, Nats};
-use leasectl::relay::sink::{DeliveryError, Event, Sink, SinkOptions, SinkSpec};
+use leasectl::relay::sink::{DeliveryError, Event, Format, Sink, SinkOptions, SinkSpec};
 
 use crate::common::PATIENCE;
 
@@ -53,28 +53,36 @@ pub(crate) fn unique(prefix: &str) -> String {
 fn opts() -> SinkOptions {
     SinkOptions {
         timeout: Duration::from_secs(10),
+        format: Format::Json,
     }
 }
 
 /// Event number `n` of aggregate `aggregate`, of type `event_type`.
 fn event(aggregate: &str, n: i64, event_type: &str) -> Event {
-    let id = uuid::Uuid::new_v4();
-    let json = serde_json::json!({
-        "id": id.to_string(),
-        "aggregate_type": "order",
-        "aggregate_id": aggregate,
-        "type": event_type,
-        "payload": {"n": n},
-        "created_at": "2024-01-01T00:00:00.000000Z",
-    });
     Event {
         seq: n,
-        id,
+        id: uuid::Uuid::new_v4(),
         aggregate_type: "order".to_owned(),
         aggregate_id: aggregate.to_owned(),
         event_type: event_type.to_owned(),
-        json: json.to_string(),
+        payload: serde_json::json!({"n": n}).to_string(),
+        // 2024-01-01T00:00:00Z
+        created_at: std::time::UNIX_EPOCH + Duration::from_secs(1_704_067_200),
     }
+}
+
+/// SPEC's object for `e` (what `--format json` publishes), parsed from a message body.
+fn body_is_spec_object(body: &[u8], e: &Event) {
+    let got: serde_json::Value = serde_json::from_slice(body).unwrap();
+    let want = serde_json::json!({
+        "id": e.id.to_string(),
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "type": e.event_type,
+        "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap(),
+        "created_at": "2024-01-01T00:00:00.000000Z",
+    });
+    assert_eq!(got, want);
 }
 
 /// Events `0..count` of `aggregate`, cycling through a few `prefix.*` types.
@@ -106,14 +114,14 @@ where
 /// A TCP proxy to a broker that the test can cut (every connection closed, nothing listening,
 /// so reconnecting is refused) and restore on the same port: a broker outage, as the sink sees
 /// one.
-struct Proxy {
-    port: u16,
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
     target: std::net::SocketAddr,
     serving: std::cell::RefCell<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Proxy {
-    async fn start(target: &str) -> Proxy {
+    pub(crate) async fn start(target: &str) -> Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let proxy = Proxy {
             port: listener.local_addr().unwrap().port(),
@@ -140,7 +148,7 @@ impl Proxy {
         *self.serving.borrow_mut() = Some(task);
     }
 
-    async fn cut(&self) {
+    pub(crate) async fn cut(&self) {
         let serving = self.serving.borrow_mut().take();
         if let Some(task) = serving {
             task.abort();
@@ -148,7 +156,7 @@ impl Proxy {
         }
     }
 
-    async fn restore(&self) {
+    pub(crate) async fn restore(&self) {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port))
             .await
             .unwrap();
@@ -270,7 +278,7 @@ pub(crate) async fn delete_exchange(channel: &lapin::Channel, exchange: &str) {
         .unwrap();
 }
 
-fn header(d: &lapin::message::Delivery, key: &str) -> Option<String> {
+pub(crate) fn header(d: &lapin::message::Delivery, key: &str) -> Option<String> {
     match d.properties.headers().as_ref()?.inner().get(key)? {
         AMQPValue::LongString(s) => Some(s.to_string()),
         other => Some(format!("{other:?}")),
@@ -322,7 +330,7 @@ fn amqp_delivers_every_event_persistent_with_its_id_in_order() {
                 );
                 assert_eq!(p.app_id().as_ref().map(|s| s.as_str()), Some("leasectl"));
                 assert_eq!(header(d, "aggregate_type").as_deref(), Some("order"));
-                assert_eq!(std::str::from_utf8(&d.data).unwrap(), e.json);
+                body_is_spec_object(&d.data, e);
             }
         }
         delete_exchange(&channel, &exchange).await;
@@ -504,6 +512,7 @@ fn amqp_unreachable_broker_is_unavailable_quickly_without_the_password() {
             spec,
             SinkOptions {
                 timeout: Duration::from_secs(30),
+                format: Format::Json,
             },
         );
         let start = Instant::now();
@@ -713,7 +722,7 @@ fn nats_creates_the_stream_and_stores_every_event_once_in_order() {
             for (m, e) in got.iter().zip(h) {
                 assert_eq!(msg_id(m), e.id.to_string(), "in order within the aggregate");
                 assert_eq!(m.subject.as_str(), format!("{subject}.{}", e.event_type));
-                assert_eq!(std::str::from_utf8(&m.payload).unwrap(), e.json);
+                body_is_spec_object(&m.payload, e);
             }
         }
         js.delete_stream(&stream).await.unwrap();
@@ -752,6 +761,7 @@ fn nats_unreachable_server_is_unavailable_without_secrets() {
             spec,
             SinkOptions {
                 timeout: Duration::from_secs(30),
+                format: Format::Json,
             },
         );
         let start = Instant::now();
@@ -832,6 +842,7 @@ fn nats_lost_connection_is_unavailable_then_recovers() {
             spec,
             SinkOptions {
                 timeout: Duration::from_secs(2),
+                format: Format::Json,
             },
         );
         let events = history("a", 2, "order");

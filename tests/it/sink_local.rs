@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use leasectl::relay::sink::exec::{self, Exec, KILL_GRACE};
 use leasectl::relay::sink::http::{self, Http};
-use leasectl::relay::sink::{DeliveryError, Event, SinkOptions};
+use leasectl::relay::sink::{DeliveryError, Event, Format, SinkOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -24,28 +24,43 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn opts(timeout: Duration) -> SinkOptions {
-    SinkOptions { timeout }
+    SinkOptions {
+        timeout,
+        format: Format::Json,
+    }
 }
 
 /// An event as the relay would hand it over.
 fn event(aggregate_id: &str, payload: serde_json::Value) -> Event {
-    let id = uuid::Uuid::new_v4();
-    let json = serde_json::json!({
-        "id": id.to_string(),
-        "aggregate_type": "leasectl.target",
-        "aggregate_id": aggregate_id,
-        "type": "leasectl.run.finished",
-        "payload": payload,
-        "created_at": "2025-01-02T03:04:05.678Z",
-    });
     Event {
         seq: 1,
-        id,
+        id: uuid::Uuid::new_v4(),
         aggregate_type: "leasectl.target".into(),
         aggregate_id: aggregate_id.into(),
         event_type: "leasectl.run.finished".into(),
-        json: json.to_string(),
+        payload: payload.to_string(),
+        // 2025-01-02T03:04:05.678Z
+        created_at: std::time::UNIX_EPOCH + Duration::from_millis(1_735_787_045_678),
     }
+}
+
+/// SPEC's object for `e` (what `--format json` publishes), parsed.
+fn spec_object(e: &Event) -> serde_json::Value {
+    serde_json::json!({
+        "id": e.id.to_string(),
+        "aggregate_type": e.aggregate_type,
+        "aggregate_id": e.aggregate_id,
+        "type": e.event_type,
+        "payload": serde_json::from_str::<serde_json::Value>(&e.payload).unwrap(),
+        "created_at": "2025-01-02T03:04:05.678000Z",
+    })
+}
+
+/// `bytes` as one JSON value on one line.
+fn one_json_line(bytes: &[u8]) -> serde_json::Value {
+    let text = std::str::from_utf8(bytes).unwrap();
+    assert!(!text.contains('\n'), "{text}");
+    serde_json::from_str(text).unwrap()
 }
 
 fn http_sink(url: &str, timeout: Duration) -> Http {
@@ -324,7 +339,7 @@ fn http_posts_the_event_with_its_headers_over_one_connection() {
         let r = &seen[0];
         assert_eq!(r.method, "POST");
         assert_eq!(r.target, "/hooks/leasectl?src=ci");
-        assert_eq!(r.body, first.json.as_bytes());
+        assert_eq!(one_json_line(&r.body), spec_object(&first));
         assert_eq!(r.header("content-type"), Some("application/json"));
         assert_eq!(
             r.header("idempotency-key"),
@@ -527,7 +542,8 @@ fn exec_gets_the_event_on_stdin_and_in_its_environment() {
     let ev = event("deploy", serde_json::json!({"exit_code": 0, "x": "y z"}));
     runtime().block_on(sink.deliver(&ev)).unwrap();
     let stdin = std::fs::read_to_string(dir.path().join("stdin")).unwrap();
-    assert_eq!(stdin, format!("{}\n", ev.json));
+    let line = stdin.strip_suffix('\n').expect("a newline after the event");
+    assert_eq!(one_json_line(line.as_bytes()), spec_object(&ev));
     let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
     assert_eq!(
         env,

@@ -7,6 +7,15 @@
 //! `aggregate_id`; the body is the event JSON. An event is delivered once the broker confirmed
 //! it — and was able to route it.
 //!
+//! With `--format cloudevents` the message is in CloudEvents' binary mode, per the AMQP binding
+//! carried over to AMQP 0-9-1 as RabbitMQ maps AMQP 1.0 application properties to and from
+//! message headers: the body is the payload, the `content-type` property is `datacontenttype`
+//! (`application/json`), and every other attribute is a `cloudEvents:NAME` header
+//! (`cloudEvents:specversion`, `cloudEvents:id`, …). Values are long strings, the attributes'
+//! canonical string forms, which the binding allows: 0-9-1's own timestamp type has whole
+//! seconds only, and would lose `time`'s microseconds. (The binding's revision 1.0.3 also allows
+//! the prefix `cloudEvents_`, for JMS selectors; consumers are told to accept both.)
+//!
 //! Choices worth knowing:
 //!
 //! * **Lazy connection.** [`Amqp::new`] connects to nothing; the first [`Amqp::deliver`] does,
@@ -72,7 +81,7 @@ use lapin::{
     ExchangeKind,
 };
 
-use super::{DeliveryError, Event, SinkOptions};
+use super::{DeliveryError, Event, Format, SinkOptions};
 
 /// The exchange used when the URL has no `?exchange=`.
 pub const DEFAULT_EXCHANGE: &str = "leasectl";
@@ -251,10 +260,10 @@ impl Amqp {
         let leader = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
             forming.push(Waiting {
-                properties: properties(event, &routing_key),
+                properties: properties(event, &routing_key, &self.opts.format),
                 routing_key,
                 id: event.id.to_string(),
-                body: event.json.as_bytes().to_vec(),
+                body: self.opts.format.body(event).into_bytes(),
                 verdict: tx,
             });
             forming.len() == 1
@@ -641,8 +650,17 @@ impl Link {
 }
 
 /// The message properties of `event`'s publication.
-fn properties(event: &Event, routing_key: &ShortString) -> BasicProperties {
+fn properties(event: &Event, routing_key: &ShortString, format: &Format) -> BasicProperties {
     let mut headers = FieldTable::default();
+    for (name, value) in format.attributes(event) {
+        // `datacontenttype` is the `content-type` property below.
+        if name != "datacontenttype" {
+            headers.insert(
+                format!("cloudEvents:{name}").into(),
+                AMQPValue::LongString(LongString::from(value)),
+            );
+        }
+    }
     headers.insert(
         "aggregate_type".into(),
         AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),

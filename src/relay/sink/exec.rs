@@ -4,7 +4,8 @@
 //! COMMAND is a shell command line, run as `/bin/sh -c COMMAND` (so quoting, pipes and
 //! `$VARIABLES` work as in a script). For each event:
 //!
-//! * stdin is the event's JSON followed by a newline, then end of file. A command that does not
+//! * stdin is the event's JSON ([`super::Format::document`]: SPEC's object, or a CloudEvent in
+//!   structured mode) followed by a newline, then end of file. A command that does not
 //!   read it is fine: a write that fails because the command closed its stdin (`EPIPE`) is
 //!   ignored, and the write is abandoned once the command has exited — only the exit status
 //!   decides;
@@ -80,8 +81,7 @@ impl Exec {
     /// documentation). Cancel-safe: dropping the future kills the command's process group.
     pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
         let mut group = self.spawn(event)?;
-        let mut input = Vec::with_capacity(event.json.len() + 1);
-        input.extend_from_slice(event.json.as_bytes());
+        let mut input = self.opts.format.document(event).into_bytes();
         input.push(b'\n');
         let stdin = group.child_mut().stdin.take();
         let outcome = tokio::time::timeout(self.opts.timeout, async {

@@ -5,7 +5,10 @@
 //! concurrent deliveries (one per aggregate in flight) reuse a pool of keep-alive connections
 //! instead of connecting per event. Every request carries:
 //!
-//! * `Content-Type: application/json` and the event's published JSON as the body;
+//! * `Content-Type: application/json` and the event's published JSON as the body — with
+//!   `--format cloudevents`, CloudEvents' binary mode instead: the payload as the body and each
+//!   attribute but `datacontenttype` (which is the `Content-Type`) as a `ce-` header, its value
+//!   percent-encoded as the HTTP binding says ([`super::format`]);
 //! * `Idempotency-Key: <event id>` — delivery is at least once, so the receiver deduplicates on it;
 //! * `X-Leasectl-Event-Type: <type>` and `X-Leasectl-Aggregate: <aggregate_type>:<aggregate_id>`,
 //!   so a receiver can route without parsing the body (characters that may not appear in a
@@ -54,6 +57,7 @@ use anyhow::{bail, Context};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use reqwest::{StatusCode, Url};
 
+use super::format::percent_encode_header;
 use super::{redact, DeliveryError, Event, SinkOptions};
 
 /// Upper bound on connecting (DNS, TCP, TLS) before the webhook counts as unreachable.
@@ -143,8 +147,13 @@ impl Http {
             .header(CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", event.id.to_string())
             .header("X-Leasectl-Event-Type", header_value(&event.event_type))
-            .header("X-Leasectl-Aggregate", header_value(&aggregate))
-            .body(event.json.clone());
+            .header("X-Leasectl-Aggregate", header_value(&aggregate));
+        for (name, value) in self.opts.format.attributes(event) {
+            if name != "datacontenttype" {
+                request = request.header(format!("ce-{name}"), percent_encode_header(&value));
+            }
+        }
+        request = request.body(self.opts.format.body(event));
         if let Some((user, password)) = &self.credentials {
             request = request.basic_auth(user, password.as_ref());
         }

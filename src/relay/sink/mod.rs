@@ -24,6 +24,7 @@
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod exec;
+pub mod format;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "nats")]
@@ -34,6 +35,8 @@ use std::time::Duration;
 
 /// The event every sink publishes; it lives with the outbox's SQL, which builds it.
 pub use crate::store::outbox::Event;
+/// What a sink publishes for it (`--format`).
+pub use format::Format;
 
 /// Why an event was not delivered; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,10 +149,12 @@ fn not_compiled_in(sink: &str, feature: &str) -> String {
 const BROKER_PARALLELISM: usize = 1024;
 
 /// Options every sink honours.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SinkOptions {
     /// How long one delivery may take (HTTP response, broker confirm, command run).
     pub timeout: Duration,
+    /// What is published for an event (`--format`, `--source`).
+    pub format: Format,
 }
 
 /// An open sink.
@@ -169,7 +174,7 @@ impl Sink {
     /// lazily by the first `deliver`, so a relay started before its broker just waits for it.
     pub fn open(spec: &SinkSpec, opts: SinkOptions) -> anyhow::Result<Sink> {
         Ok(match spec {
-            SinkSpec::Stdout => Sink::Stdout(stdout::Stdout::new()),
+            SinkSpec::Stdout => Sink::Stdout(stdout::Stdout::new(opts.format)),
             SinkSpec::Exec(s) => Sink::Exec(exec::Exec::new(s.clone(), opts)),
             #[cfg(feature = "http")]
             SinkSpec::Http(s) => Sink::Http(http::Http::new(s.clone(), opts)?),

@@ -7,6 +7,10 @@
 //! the stream already holds the event. `subject` and `stream` are our parameters and removed
 //! before async-nats sees the URL; several servers may be given, comma-separated.
 //!
+//! With `--format cloudevents` the message is in CloudEvents' binary mode, per the NATS binding:
+//! the payload is the body and every attribute, `datacontenttype` included, is a `ce-NAME`
+//! header, percent-encoded as the binding says ([`super::format`]).
+//!
 //! Choices worth knowing:
 //!
 //! * **Lazy connection.** [`Nats::new`] connects to nothing; the first [`Nats::deliver`] does.
@@ -14,6 +18,10 @@
 //!   Once connected, async-nats reconnects by itself (forever) when the connection drops, so the
 //!   client is kept for the life of the sink. Connecting happens under a lock, and deliveries
 //!   that waited for a failed attempt share its verdict instead of each trying again.
+//! * **A lost connection is said at once.** Publications made while async-nats reconnects wait
+//!   for it, up to `--timeout`, before the relay can tell the sink is down; so the sink warns
+//!   once when the connection drops and once when it is back (issue 12 §5.8), from the client's
+//!   event callback.
 //! * **The stream is ensured once per connection**, by looking up which stream captures
 //!   `PREFIX.>` (JetStream's own subject lookup). An existing stream is used whatever its name —
 //!   the operator's configuration wins. Only when none exists is stream `?stream=NAME` (default
@@ -33,6 +41,8 @@
 //! | event type that is not a valid subject suffix (empty token, whitespace, `*`, `>`) | `Rejected` |
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use async_nats::connection::State as ConnectionState;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
@@ -40,6 +50,7 @@ use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, stream};
 use async_nats::{Client, ConnectOptions, ServerAddr};
 
+use super::format::percent_encode_header;
 use super::{DeliveryError, Event, SinkOptions};
 
 /// The subject prefix used when the URL has no `?subject=`.
@@ -219,9 +230,15 @@ impl Nats {
         let subject = format!("{}.{}", self.spec.subject, event.event_type);
         let (client, js) = self.ready().await?;
 
-        let publish = PublishMessage::build()
-            .payload(event.json.clone().into())
+        let mut publish = PublishMessage::build()
+            .payload(self.opts.format.body(event).into())
             .message_id(event.id.to_string());
+        for (name, value) in self.opts.format.attributes(event) {
+            publish = publish.header(
+                format!("ce-{name}").as_str(),
+                percent_encode_header(&value).as_str(),
+            );
+        }
         let acked = tokio::time::timeout(self.opts.timeout, async {
             js.send_publish(subject.clone(), publish).await?.await
         })
@@ -289,6 +306,7 @@ impl Nats {
                 .map_err(|e| format!("invalid NATS URL {}: {e}", redact(&self.spec.url)))?;
             let client = ConnectOptions::new()
                 .name("leasectl relay")
+                .event_callback(connection_events(self.spec.describe()))
                 .connection_timeout(self.opts.timeout)
                 .request_timeout(Some(self.opts.timeout))
                 .connect(servers)
@@ -331,6 +349,32 @@ impl Nats {
                 self.spec.describe()
             )),
         }
+    }
+}
+
+/// The client's event callback: warns once when the connection is lost and once when it is
+/// back (async-nats reconnects by itself, and says `Connected` on the first connection too).
+fn connection_events(
+    sink: String,
+) -> impl Fn(async_nats::Event) -> std::future::Ready<()> + Send + Sync + 'static {
+    let lost: Mutex<Option<Instant>> = Mutex::new(None);
+    move |event| {
+        let mut lost = lost.lock().unwrap_or_else(|e| e.into_inner());
+        match event {
+            async_nats::Event::Disconnected if lost.is_none() => {
+                *lost = Some(Instant::now());
+                warn!("{sink}: lost the connection to the server; reconnecting (deliveries wait for it, up to --timeout each)");
+            }
+            async_nats::Event::Connected if lost.is_some() => {
+                let since = lost.take().expect("checked by the guard");
+                warn!(
+                    "{sink}: connected again after {}",
+                    crate::fmt::duration(since.elapsed())
+                );
+            }
+            _ => {}
+        }
+        std::future::ready(())
     }
 }
 

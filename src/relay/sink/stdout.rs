@@ -1,4 +1,4 @@
-//! `--sink stdout`: one JSON object per line, for pipes and tests.
+//! `--sink stdout`: one JSON object per line ([`Format::document`]), for pipes and tests.
 //!
 //! Events are buffered for the batch and written with one `write` + flush at its end; a failed
 //! write (a closed pipe, a full disk) fails the whole batch, which then stays in the outbox.
@@ -6,22 +6,24 @@
 use std::cell::RefCell;
 use std::io::Write;
 
-use super::{DeliveryError, Event};
+use super::{DeliveryError, Event, Format};
 
 pub struct Stdout {
+    format: Format,
     buffer: RefCell<Vec<u8>>,
 }
 
 impl Stdout {
-    pub fn new() -> Stdout {
+    pub fn new(format: Format) -> Stdout {
         Stdout {
+            format,
             buffer: RefCell::new(Vec::with_capacity(64 * 1024)),
         }
     }
 
     pub fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
         let mut buf = self.buffer.borrow_mut();
-        buf.extend_from_slice(event.json.as_bytes());
+        buf.extend_from_slice(self.format.document(event).as_bytes());
         buf.push(b'\n');
         Ok(())
     }
@@ -37,6 +39,6 @@ impl Stdout {
 
 impl Default for Stdout {
     fn default() -> Self {
-        Self::new()
+        Self::new(Format::Json)
     }
 }
