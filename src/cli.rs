@@ -466,6 +466,14 @@ pub struct RelayArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: Option<u16>,
 
+    /// Order of an aggregate's events: insert (by seq, at once) or commit (only once every
+    /// older transaction has ended; see the README)
+    #[arg(long, value_parser = parse_order, default_value = "insert", value_name = "ORDER")]
+    pub order: crate::store::outbox::Order,
+    /// Payload bytes claimed per transaction (e.g. 4MiB); an event larger than that goes alone
+    #[arg(long, value_parser = parse_byte_size, default_value = "16MiB", value_name = "BYTES")]
+    pub batch_bytes: usize,
+
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -535,6 +543,14 @@ pub struct PruneArgs {
     /// Only count what would be deleted
     #[arg(long)]
     pub dry_run: bool,
+}
+
+fn parse_order(s: &str) -> Result<crate::store::outbox::Order, String> {
+    match s {
+        "insert" => Ok(crate::store::outbox::Order::Insert),
+        "commit" => Ok(crate::store::outbox::Order::Commit),
+        _ => Err(format!("'{s}' is not an order (insert or commit)")),
+    }
 }
 
 fn parse_poll(s: &str) -> Result<Duration, String> {

@@ -66,6 +66,12 @@ const MIGRATIONS: &[Migration] = &[
         name: "notify_idle",
         sql: include_str!("../../migrations/0007_notify_idle.sql"),
     },
+    // 0008 is taken by a change landing beside this one.
+    Migration {
+        version: 9,
+        name: "commit_order",
+        sql: include_str!("../../migrations/0009_commit_order.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.
