@@ -181,8 +181,10 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0006, 0005, 0004 and 0003 add, removed; 0007 only recreates the trigger).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 5;
+/// Takes a current schema back to version 2 (what migrations 0009, 0006, 0005, 0004 and 0003 add, removed; 0007 only recreates the trigger).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 9;
+     DROP INDEX outbox_commit_order; ALTER TABLE outbox DROP COLUMN xid;
+     DELETE FROM schema_migrations WHERE version = 5;
      DROP INDEX leases_token; ALTER TABLE leases DROP CONSTRAINT leases_pkey;
      ALTER TABLE leases DROP COLUMN place, DROP COLUMN max_holders;
      ALTER TABLE leases ADD PRIMARY KEY (target);
