@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def psql(sql):
-    subprocess.run(["psql", "-qX", "-v", "ON_ERROR_STOP=1", "-c", sql], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["psql", "-qX", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = warning", "-c", sql],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def drain(binary, schema, bound):

@@ -223,7 +223,10 @@ impl Order {
             .replace("{past}", past)
             .replace("{firsts}", firsts);
         for alias in ["o", "p", "w"] {
-            t = t.replace(&format!("{{key:{alias}}}"), &key.replace("A.", &format!("{alias}.")));
+            t = t.replace(
+                &format!("{{key:{alias}}}"),
+                &key.replace("A.", &format!("{alias}.")),
+            );
         }
         sql(schema, &t)
     }

@@ -48,8 +48,16 @@ fn commit_order_publishes_nothing_past_an_open_transaction_then_both_in_its_orde
     let mut a = scene(&env);
     let o = once(&env, "commit");
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert_eq!(numbers(&o), Vec::<u64>::new(), "B waits for A's transaction");
-    assert!(stderr(&o).contains("wait for it (--order commit)"), "{}", stderr(&o));
+    assert_eq!(
+        numbers(&o),
+        Vec::<u64>::new(),
+        "B waits for A's transaction"
+    );
+    assert!(
+        stderr(&o).contains("wait for it (--order commit)"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
 
     a.run("COMMIT;");
@@ -76,7 +84,11 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
     // Event 1 of X is refused once and put back by the relay's own transaction, whose id is
     // newer than event 2's (--batch 1: event 2 is not in that batch); event 2 must still follow.
     let env = migrated();
-    env.sql(&format!("BEGIN; {} COMMIT; BEGIN; {} COMMIT;", insert(1), insert(2)));
+    env.sql(&format!(
+        "BEGIN; {} COMMIT; BEGIN; {} COMMIT;",
+        insert(1),
+        insert(2)
+    ));
     let log = env.path("delivered");
     let sink = format!(
         "exec:line=$(cat); if [ ! -e '{flag}' ]; then touch '{flag}'; exit 1; fi; printf '%s\\n' \"$line\" >> '{log}'",
@@ -85,7 +97,9 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
     );
     let relay = Watched::new(
         env.command()
-            .args(["relay", "--sink", &sink, "--order", "commit", "--poll", "50ms"])
+            .args([
+                "relay", "--sink", &sink, "--order", "commit", "--poll", "50ms",
+            ])
             .args(["--batch", "1"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -93,7 +107,11 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
             .unwrap(),
     );
     wait_for("both events delivered", || {
-        std::fs::read_to_string(&log).unwrap_or_default().lines().count() == 2
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 2
     });
     kill(relay.child.id(), libc::SIGTERM);
     let o = relay.finish();
@@ -101,7 +119,11 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
     let ns: Vec<u64> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"]["n"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["payload"]["n"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert_eq!(ns, [1, 2]);
 }
@@ -111,11 +133,17 @@ fn commit_order_warns_naming_the_backend_of_the_open_transaction() {
     let env = migrated();
     let mut a = scene(&env);
     let log = env.path("delivered");
-    let sink = format!("exec:cat >> '{}'; echo >> '{}'", log.display(), log.display());
+    let sink = format!(
+        "exec:cat >> '{}'; echo >> '{}'",
+        log.display(),
+        log.display()
+    );
     // --poll 50ms: held back for longer than 500ms is worth a warning.
     let relay = Watched::new(
         env.command()
-            .args(["relay", "--sink", &sink, "--order", "commit", "--poll", "50ms"])
+            .args([
+                "relay", "--sink", &sink, "--order", "commit", "--poll", "50ms",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -132,7 +160,12 @@ fn commit_order_warns_naming_the_backend_of_the_open_transaction() {
     assert_eq!(std::fs::read_to_string(&log).unwrap_or_default(), "");
     a.run("COMMIT;");
     wait_for("A and B delivered", || {
-        std::fs::read_to_string(&log).unwrap_or_default().lines().filter(|l| !l.is_empty()).count() == 2
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count()
+            == 2
     });
     kill(relay.child.id(), libc::SIGTERM);
     let o = relay.finish();
