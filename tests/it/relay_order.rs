@@ -258,3 +258,8 @@ fn a_snapshot_holding_the_xmin_horizon_is_named_once() {
     assert_eq!(ours.len(), 1, "{err}");
     assert!(ours[0].contains("idle in transaction"), "{err}");
 }
+
+crate::via_pooler!(
+    commit_order_publishes_nothing_past_an_open_transaction_then_both_in_its_order,
+    commit_order_keeps_an_events_transaction_when_it_is_put_back,
+);
