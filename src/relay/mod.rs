@@ -176,7 +176,7 @@ struct Relay {
     /// has seen it unchanged; when it last looked, and last warned.
     held: Option<(i64, Instant)>,
     held_at: Option<Instant>,
-    held_warned: Option<Instant>,
+    held_warned: Option<(i64, Instant)>,
     /// When this relay last looked for what holds back the xmin horizon, and the backends it
     /// warned about.
     horizon_at: Option<Instant>,
@@ -381,8 +381,9 @@ impl Relay {
 
     /// `--order commit`: notes whether committed events wait behind a transaction still in
     /// progress, and warns — naming its backend — when the same one has held them back for
-    /// longer than `--poll` × 10, at most once per [`WARN_EVERY`]. Looks at most once per
-    /// [`HELD_EVERY`], after a short claim (a full one is not held back). Best effort.
+    /// longer than `--poll` × 10: once for each such transaction, repeated at most once per
+    /// [`WARN_EVERY`] while it lasts. Looks at most once per [`HELD_EVERY`], after a short claim
+    /// (a full one is not held back). Best effort.
     async fn watch_commit_horizon(&mut self, db: &Db) {
         if self.cfg.order != Order::Commit
             || (!self.cfg.once && self.held_at.is_some_and(|t| t.elapsed() < HELD_EVERY))
@@ -406,11 +407,13 @@ impl Relay {
         };
         let waited = since.elapsed();
         if waited < self.cfg.poll.saturating_mul(10)
-            || self.held_warned.is_some_and(|t| t.elapsed() < WARN_EVERY)
+            || self
+                .held_warned
+                .is_some_and(|(xmin, t)| xmin == h.xmin && t.elapsed() < WARN_EVERY)
         {
             return;
         }
-        self.held_warned = Some(Instant::now());
+        self.held_warned = Some((h.xmin, Instant::now()));
         let who = match outbox::xid_holder(&db.client, h.xmin).await {
             Ok(Some(holder)) => describe(&holder),
             _ => "a transaction no longer visible in pg_stat_activity".to_owned(),
