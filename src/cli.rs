@@ -296,7 +296,9 @@ Publishes pending outbox events — leasectl's own and those applications insert
 transactions — at least once, in creation order per aggregate, then deletes them. Several relays
 may run at once. A refused event is retried with backoff (1s doubling to 5m) and is dead after
 --max-attempts; only later events of its own aggregate wait for it. An unreachable sink costs no
-attempts: the relay backs off and tries again.
+attempts: the relay backs off and tries again. With --order commit an event is published only once
+every transaction older than its own has ended, in transaction order: no event of an aggregate
+can then commit behind one already published, but any open transaction holds delivery back.
 
 It is also the dead-man switch: before its batches (at most once a second; --once: once) it
 judges the health of watched targets (see `leasectl expect`) and inserts one
