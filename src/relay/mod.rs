@@ -416,7 +416,8 @@ impl Relay {
         self.held_warned = Some((h.xmin, Instant::now()));
         let who = match outbox::xid_holder(&db.client, h.xmin).await {
             Ok(Some(holder)) => describe(&holder),
-            _ => "a transaction no longer visible in pg_stat_activity".to_owned(),
+            // Ended meanwhile, or in no view this role may read.
+            _ => "no backend in pg_stat_activity has it (ended meanwhile?)".to_owned(),
         };
         warn!(
             "--order commit: events have waited {} for transaction {} to end: {who}; events committed after it began are published once it commits or rolls back",
