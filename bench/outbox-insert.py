@@ -15,6 +15,9 @@ a fresh schema's outbox, in one of these modes, rotated from round to round:
   marked   the trigger as it is (migration 0007): a NOTIFY only while a relay holds the idle mark;
            no relay running, so none
   off      the trigger disabled (ALTER TABLE … DISABLE TRIGGER): the same inserts, no NOTIFY
+  pre0009  `marked` without what migration 0009 adds to every insert (the index on (xid, seq) and
+           the pg_current_xact_id() default; the column stays, with a constant default): the
+           reference for what `--order commit`'s bookkeeping costs applications
   always+relay, marked+relay, off+relay
            the same with a continuous `leasectl relay --sink stdout` (to /dev/null, --poll 1s)
            draining the outbox meanwhile, which is how the table is used
@@ -58,6 +61,9 @@ def fresh_schema(binary, trigger):
         psql(OLD_TRIGGER.format(s=schema))
     elif trigger == "off":
         psql(f"ALTER TABLE {schema}.outbox DISABLE TRIGGER outbox_notify")
+    elif trigger == "pre0009":
+        psql(f"DROP INDEX {schema}.outbox_commit_order; "
+             f"ALTER TABLE {schema}.outbox ALTER COLUMN xid SET DEFAULT '0'")
     return schema
 
 
@@ -127,6 +133,8 @@ def main():
     print(f"\n{a.clients} autocommit writers, {a.seconds} s per run, median of {a.rounds} rounds:")
     for m in modes:
         ref = "off+relay" if m.endswith("+relay") else "off"
+        if m.startswith("marked") and m.replace("marked", "pre0009") in med:
+            ref = m.replace("marked", "pre0009")
         ratio = f"{med[m] / med[ref]:.2f} × {ref}" if ref in med and m != ref else ""
         print(f"  {m:13} {med[m]:8.0f} inserts/s  {ratio}")
 

@@ -171,6 +171,14 @@ def claim_script(schema):
     if not m:
         die("cannot find the CLAIM constant in src/store/outbox.rs")
     sql = re.sub(r"--[^\n]*", "", m.group(1))
+    # The order's placeholders (Order::claim_sql), as `--order insert` fills them: the floor is
+    # the insert-order claim, the reference for both orders.
+    sql = (
+        sql.replace("{eligible}", "")
+        .replace("{past}", "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)")
+        .replace("{firsts}", "SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id")
+    )
+    sql = re.sub(r"\{key:(\w)\}", r"\1.seq", sql)
     # The shared predicates ({held}, …) are constants of src/store/mod.rs, spliced in by store::sql.
     shared = dict(re.findall(r'const (\w+): &str =\s*"(.*?)";', (REPO / "src/store/mod.rs").read_text(), re.S))
     for name, text in shared.items():
@@ -178,10 +186,10 @@ def claim_script(schema):
     if re.search(r"\{(?!s\})\w+\}", sql):
         die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
-    for param in ("$1", "$2", "$3", "$4"):
+    for param in ("$1", "$2", "$3", "$4", "$5"):
         if param not in sql:
             die(f"the CLAIM statement no longer uses {param}; update bench/relay.py")
-    sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach")
+    sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach").replace("$5", ":bytes")
     return sql + ";\n"
 
 
@@ -552,9 +560,9 @@ class HttpPeer:
 
 
 class Candidate:
-    def __init__(self, name, aggregates, kind, label, analyze=True, events=None):
+    def __init__(self, name, aggregates, kind, label, analyze=True, events=None, order="insert"):
         self.name, self.aggregates, self.kind, self.label = name, aggregates, kind, label
-        self.analyze, self.events = analyze, events
+        self.analyze, self.events, self.order = analyze, events, order
         self.rates, self.rss, self.cpu_us, self.broker_us = [], [], [], []
 
 
@@ -598,7 +606,7 @@ def measure_one(args, pg, cand, peer):
                 f.write(claim_script(schema))
             argv = [
                 args.pgbench, "-n", "-M", "prepared", "-c", "1", "-t", str(-(-n // BATCH)),
-                "-D", f"batch={BATCH}", "-D", f"window={2 * BATCH}", "-D", f"maxseq={MAX_SEQ}", "-D", "reach=0", "-f", script,
+                "-D", f"batch={BATCH}", "-D", f"window={2 * BATCH}", "-D", f"maxseq={MAX_SEQ}", "-D", "reach=0", "-D", f"bytes={16 << 20}", "-f", script,
             ]
         else:
             if cand.kind == "amqp":
@@ -613,6 +621,8 @@ def measure_one(args, pg, cand, peer):
             else:
                 sink = "stdout"
             argv = [*args.leasectl, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
+            if cand.order != "insert":
+                argv += ["--order", cand.order]
         code, wall, rss, cpu, err = run_measured(argv)
         left = pending(pg, schema)
         if code != 0 or left != 0:
@@ -671,6 +681,9 @@ def throughput(args, pg, peer):
             analyze=False, events=100_000,
         ),
     ]
+    if "commit" in args.orders:
+        cands.append(Candidate("stdout-commit", 1000, "stdout", "relay --once --order commit → stdout, 1000 aggregates", order="commit"))
+        cands.append(Candidate("stdout-1agg-commit", 1, "stdout", "relay --once --order commit → stdout, 1 aggregate", order="commit"))
     if args.amqp:
         cands.append(Candidate("amqp", 1000, "amqp", "relay --once → RabbitMQ (confirms, durable queue)"))
         cands.append(Candidate("amqp-ref", 0, "amqp-ref", f"reference: pika, 1 channel, {REF_WINDOW} confirms in flight"))
@@ -899,6 +912,7 @@ def main():
     ap.add_argument("--lot-timeout", type=float, default=30, help="seconds one 10k lot may take to drain before the table-size run stops (default 30)")
     ap.add_argument("--database-url", help="given to every leasectl invocation as --database-url (the script's own connections use the libpq defaults)")
     ap.add_argument("--http-workers", type=int, default=2, help="processes of the HTTP peer (default 2)")
+    ap.add_argument("--order", default="insert", choices=["insert", "both"], help="both: also stdout with --order commit, beside the same floor (default insert)")
     ap.add_argument("--quick", action="store_true", help="a smaller run, for trying the script")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every table-size lot")
     ap.add_argument("--only", default="throughput,latency,size", help="comma-separated parts to run")
@@ -911,6 +925,7 @@ def main():
     args.size_events = args.size_events or (100_000 if q else 1_000_000)
     parts = set(args.only.split(","))
     args.sinks = set(args.sinks.split(","))
+    args.orders = {"insert", "commit"} if args.order == "both" else {"insert"}
     if not Path(args.bin).is_file():
         die(f"{args.bin} not found; build it first: cargo build --release")
     args.leasectl = [args.bin] + (["--database-url", args.database_url] if args.database_url else [])

@@ -389,7 +389,9 @@ Publishes pending outbox events — leasectl's own and those applications insert
 transactions — at least once, in creation order per aggregate, then deletes them. Several relays
 may run at once. A refused event is retried with backoff (1s doubling to 5m) and is dead after
 --max-attempts; only later events of its own aggregate wait for it. An unreachable sink costs no
-attempts: the relay backs off and tries again.
+attempts: the relay backs off and tries again. With --order commit an event is published only once
+every transaction older than its own has ended, in transaction order: no event of an aggregate
+can then commit behind one already published, but any open transaction holds delivery back.
 
 It is also the dead-man switch: before its batches (at most once a second; --once: once) it
 judges the health of watched targets (see `leasectl expect`) and inserts one
@@ -566,6 +568,14 @@ pub struct RelayArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub parallel: Option<u16>,
 
+    /// Order of an aggregate's events: insert (by seq, at once) or commit (only once every
+    /// older transaction has ended; see the README)
+    #[arg(long, value_parser = parse_order, default_value = "insert", value_name = "ORDER")]
+    pub order: crate::store::outbox::Order,
+    /// Payload bytes claimed per transaction (e.g. 4MiB); an event larger than that goes alone
+    #[arg(long, value_parser = parse_byte_size, default_value = "16MiB", value_name = "BYTES")]
+    pub batch_bytes: usize,
+
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
@@ -654,6 +664,14 @@ pub struct PruneArgs {
     /// Only count what would be deleted
     #[arg(long)]
     pub dry_run: bool,
+}
+
+fn parse_order(s: &str) -> Result<crate::store::outbox::Order, String> {
+    match s {
+        "insert" => Ok(crate::store::outbox::Order::Insert),
+        "commit" => Ok(crate::store::outbox::Order::Commit),
+        _ => Err(format!("'{s}' is not an order (insert or commit)")),
+    }
 }
 
 fn parse_poll(s: &str) -> Result<Duration, String> {

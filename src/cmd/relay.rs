@@ -31,6 +31,8 @@ pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
                     .unwrap_or_else(|| format::default_source(&db.schema)),
             },
         },
+        order: args.order,
+        batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
     };
     // Before connecting: a port that is taken is the operator's to fix, whatever the database.
     let metrics = match args.metrics {

@@ -71,6 +71,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "steps_replace",
         sql: include_str!("../../migrations/0008_steps_replace.sql"),
     },
+    Migration {
+        version: 9,
+        name: "commit_order",
+        sql: include_str!("../../migrations/0009_commit_order.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

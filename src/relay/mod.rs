@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, Settle};
+use crate::store::outbox::{self, ClaimLimits, Holder, Order, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use metrics::Metrics;
 use progress::Progress;
@@ -63,6 +63,14 @@ const HEALTH_EVERY: Duration = Duration::from_secs(1);
 /// window for aggregates waiting behind a burst ([`outbox::claim`]'s `reach`).
 const REACH_EVERY: Duration = Duration::from_secs(1);
 
+/// With `--order commit`, how often at most a relay whose claims come back short looks whether
+/// committed events wait behind an open transaction, and how soon it claims again while they
+/// do (the transaction may end without a NOTIFY: it need not have inserted any event).
+const HELD_EVERY: Duration = Duration::from_millis(100);
+
+/// A warning about what holds the relay back is repeated at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub sink: SinkSpec,
@@ -74,6 +82,9 @@ pub struct RelayConfig {
     pub parallel: Option<usize>,
     /// What is published for an event (`--format`, `--source`).
     pub format: sink::Format,
+    pub order: Order,
+    /// Payload bytes per batch (`--batch-bytes`).
+    pub batch_bytes: i64,
 }
 
 /// Runs the relay until `--once` has drained what was due, or a signal arrives, reporting into
@@ -105,6 +116,12 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         metrics,
         reach_at: None,
         reach_next: true,
+        held: None,
+        held_at: None,
+        held_warned: None,
+        horizon_at: None,
+        horizon_warned: Vec::new(),
+        deleted_since_horizon: 0,
         cfg,
     };
     // Before `--once` fixes what it drains, so the incidents it opens are published too.
@@ -158,6 +175,17 @@ struct Relay {
     /// When the claim last looked past its window, and whether the next one should.
     reach_at: Option<Instant>,
     reach_next: bool,
+    /// `--order commit`: the horizon committed events wait behind, and since when this relay
+    /// has seen it unchanged; when it last looked, and last warned.
+    held: Option<(i64, Instant)>,
+    held_at: Option<Instant>,
+    held_warned: Option<(i64, Instant)>,
+    /// When this relay last looked for what holds back the xmin horizon, and the backends it
+    /// warned about.
+    horizon_at: Option<Instant>,
+    horizon_warned: Vec<Option<i32>>,
+    /// Events deleted since that look: without them no dead rows pile up behind the holder.
+    deleted_since_horizon: u64,
 }
 
 /// What one batch did.
@@ -212,6 +240,11 @@ impl Relay {
             };
             db_outage.reset();
             went_dead += report.went_dead;
+            if (report.claimed as i64) < self.cfg.batch {
+                self.watch_commit_horizon(db).await;
+            }
+            self.deleted_since_horizon += report.delivered as u64;
+            self.watch_xmin_horizon(db).await;
             self.progress.batch(report.delivered);
             self.progress.refresh_backlog(&db.client, &db.schema).await;
             self.metrics.refresh(&db.client, &db.schema).await;
@@ -238,6 +271,9 @@ impl Relay {
                 continue;
             }
             if self.cfg.once {
+                if self.held.is_some() {
+                    crate::say!("notice: events committed after a transaction that is still open began wait for it (--order commit); a later pass publishes them");
+                }
                 if went_dead > 0 {
                     crate::say!(
                         "{went_dead} event{} went dead during this pass (see `leasectl outbox list --dead`)",
@@ -250,6 +286,9 @@ impl Relay {
             // Before sleeping: take the mark, then claim once more — whatever committed
             // without a NOTIFY did so before the mark was taken ([`wake`]).
             let mut nap = self.cfg.poll;
+            if self.held.is_some() {
+                nap = nap.min(HELD_EVERY);
+            }
             if self.listening {
                 match self.mark.take(&db.client, &db.schema).await {
                     Ok(Take::Taken) => {
@@ -289,8 +328,13 @@ impl Relay {
         if reach {
             self.reach_at = Some(Instant::now());
         }
-        let claimed =
-            outbox::claim(client, &db.schema, self.cfg.batch, self.up_to_seq, reach).await?;
+        let limits = ClaimLimits {
+            batch: self.cfg.batch,
+            bytes: self.cfg.batch_bytes,
+            up_to_seq: self.up_to_seq,
+            order: self.cfg.order,
+        };
+        let claimed = outbox::claim(client, &db.schema, limits, reach).await?;
         self.reach_next =
             (claimed.len() as i64) < self.cfg.batch || claimed.iter().any(|c| c.reached);
         if claimed.is_empty() {
@@ -336,6 +380,89 @@ impl Relay {
             went_dead,
             sink_down,
         })
+    }
+
+    /// `--order commit`: notes whether committed events wait behind a transaction still in
+    /// progress, and warns — naming its backend — when the same one has held them back for
+    /// longer than `--poll` × 10: once for each such transaction, repeated at most once per
+    /// [`WARN_EVERY`] while it lasts. Looks at most once per [`HELD_EVERY`], after a short claim
+    /// (a full one is not held back). Best effort.
+    async fn watch_commit_horizon(&mut self, db: &Db) {
+        if self.cfg.order != Order::Commit
+            || (!self.cfg.once && self.held_at.is_some_and(|t| t.elapsed() < HELD_EVERY))
+        {
+            return;
+        }
+        self.held_at = Some(Instant::now());
+        let Ok(h) = outbox::commit_horizon(&db.client, &db.schema).await else {
+            return;
+        };
+        if !h.held {
+            self.held = None;
+            return;
+        }
+        let since = match self.held {
+            Some((xmin, since)) if xmin == h.xmin => since,
+            _ => {
+                self.held = Some((h.xmin, Instant::now()));
+                return;
+            }
+        };
+        let waited = since.elapsed();
+        if waited < self.cfg.poll.saturating_mul(10)
+            || self
+                .held_warned
+                .is_some_and(|(xmin, t)| xmin == h.xmin && t.elapsed() < WARN_EVERY)
+        {
+            return;
+        }
+        self.held_warned = Some((h.xmin, Instant::now()));
+        let who = match outbox::xid_holder(&db.client, h.xmin).await {
+            Ok(Some(holder)) => describe(&holder),
+            // Ended meanwhile, or in no view this role may read.
+            _ => "no backend in pg_stat_activity has it (ended meanwhile?)".to_owned(),
+        };
+        warn!(
+            "--order commit: events have waited {} for transaction {} to end: {who}; events committed after it began are published once it commits or rolls back",
+            fmt::duration(waited),
+            h.xmin
+        );
+    }
+
+    /// Warns, naming the backend, when a transaction open longer than `--poll` × 10 holds back
+    /// the xmin horizon while this relay deletes events: VACUUM cannot remove the deleted rows,
+    /// and every claim wades through them (issue 12 §5.9). Looks at most once per `--poll` × 10
+    /// (capped at a minute), only after deleting events, and warns once per backend. Best
+    /// effort.
+    async fn watch_xmin_horizon(&mut self, db: &Db) {
+        let every = self.cfg.poll.saturating_mul(10).min(WARN_EVERY);
+        if self.horizon_at.is_some_and(|t| t.elapsed() < every) {
+            return;
+        }
+        self.horizon_at = Some(Instant::now());
+        let deleted = std::mem::take(&mut self.deleted_since_horizon);
+        if deleted == 0 {
+            return;
+        }
+        let min_ms = fmt::ms(self.cfg.poll.saturating_mul(10));
+        let Ok(holders) = outbox::horizon_holders(&db.client, min_ms).await else {
+            return;
+        };
+        for holder in holders {
+            // Once per backend (a pid is reused only after that backend ended).
+            if self.horizon_warned.contains(&holder.pid) {
+                continue;
+            }
+            if self.horizon_warned.len() >= 1000 {
+                self.horizon_warned.clear();
+            }
+            self.horizon_warned.push(holder.pid);
+            warn!(
+                "a snapshot {} transactions old holds back the xmin horizon: {}; VACUUM cannot remove the {deleted} events this relay deleted meanwhile, and claims slow down until it ends",
+                holder.xmin_age.unwrap_or(0),
+                describe(&holder)
+            );
+        }
     }
 
     /// Evaluates the targets' health and opens or closes incidents, at most once per
@@ -479,5 +606,33 @@ impl Relay {
                 self.vacuum = false;
             }
         }
+    }
+}
+
+/// A backend for a warning: `backend 1234 (application "psql", idle in transaction, transaction
+/// open 5m 3s)`.
+fn describe(h: &Holder) -> String {
+    let mut parts = Vec::new();
+    if let Some(app) = h.application_name.as_deref().filter(|a| !a.is_empty()) {
+        parts.push(format!("application \"{}\"", fmt::one_line(app, 60)));
+    }
+    if let Some(state) = &h.state {
+        parts.push(state.clone());
+    }
+    if let Some(ms) = h.xact_ms {
+        parts.push(format!(
+            "transaction open {}",
+            fmt::duration(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+        ));
+    }
+    let who = match (&h.pid, &h.gid) {
+        (Some(pid), _) => format!("backend pid {pid}"),
+        (None, Some(gid)) => format!("prepared transaction \"{}\"", fmt::one_line(gid, 60)),
+        (None, None) => "a backend of another role".to_owned(),
+    };
+    if parts.is_empty() {
+        who
+    } else {
+        format!("{who} ({})", parts.join(", "))
     }
 }

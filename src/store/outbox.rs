@@ -43,9 +43,23 @@
 //! is also planned afresh with its actual parameters every time (never a generic plan), and
 //! `BEGIN` with the claim still go out in one round trip.
 //!
-//! The one thing no relay can fix is commit order: an event inserted with a lower `seq` that
-//! commits after a higher one of the same aggregate. SPEC makes applications serialise the
-//! transactions that write one aggregate, as they would any write to it.
+//! # Insert order and commit order
+//!
+//! With [`Order::Insert`] an aggregate's order is `seq`, taken at insert: an event inserted with
+//! a lower `seq` that commits after a higher one of the same aggregate is published after it.
+//! SPEC makes applications serialise the transactions that write one aggregate, as they would
+//! any write to it. [`Order::Commit`] (`relay --order commit`) reads everything above in
+//! `(xid, seq)` order instead — windows, heads, the reach past them, the batch — over only the
+//! events whose transaction is below the horizon of the claim's own snapshot
+//! (`pg_snapshot_xmin`): every transaction that can still commit has an id at or past it, so
+//! nothing can later appear ahead of an event already published. The index
+//! `outbox_commit_order` on `(xid, seq)` makes the horizon an index condition: the scan stops
+//! where the events of open transactions start. Put-backs keep the event's `xid`.
+//!
+//! # Bytes
+//!
+//! The batch is also bounded in payload bytes (`--batch-bytes`): the claim takes the longest
+//! prefix of its order (heads first) whose payloads fit, and at least one event.
 
 use std::time::{Duration, SystemTime};
 
@@ -85,19 +99,23 @@ const REACH_FACTOR: i64 = 100;
 
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
 /// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
-/// many events past the window to look through for other aggregates' heads.
+/// many events past the window to look through for other aggregates' heads, `$5` = the batch's
+/// payload bytes (`--batch-bytes`). Placeholders for the order ([`Order`]): `{eligible}` (the
+/// events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
+/// (past the first window), `{firsts}` (each aggregate's first event in the windows).
 const CLAIM: &str = "
 WITH win1 AS MATERIALIZED (
-    SELECT o.seq, o.aggregate_type, o.aggregate_id
+    SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
+           pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
-     WHERE o.seq <= $3
+     WHERE o.seq <= $3{eligible}
        -- NOT IN over the few blocked aggregates becomes one hashed lookup per row, which keeps
        -- the plan an ordered scan that stops after the window (NOT EXISTS would be planned as
        -- an anti join over the whole table).
        AND (o.aggregate_type, o.aggregate_id) NOT IN (
             SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
              WHERE {held} AND {held_now})
-     ORDER BY o.seq
+     ORDER BY {key:o}
      LIMIT $2
 ), win2 AS MATERIALIZED (
     -- Only when the window holds fewer than $1 aggregates (a burst on a few, or a few whose
@@ -105,11 +123,13 @@ WITH win1 AS MATERIALIZED (
     -- The condition refers to nothing of this scan, so it is a one-time filter: otherwise the
     -- scan never runs. An aggregate absent from the window has all its events past it, so the
     -- first of its events seen here is its head, and its events here a prefix of its chain.
-    SELECT p.seq, p.aggregate_type, p.aggregate_id
-      FROM (SELECT o.seq, o.aggregate_type, o.aggregate_id
+    SELECT p.seq, p.xid, p.aggregate_type, p.aggregate_id, p.size, p.packed
+      FROM (SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
+                   pg_column_size(o.payload) AS size,
+                   pg_column_compression(o.payload) IS NOT NULL AS packed
               FROM {s}.outbox o
-             WHERE o.seq <= $3 AND o.seq > (SELECT coalesce(max(seq), 0) FROM win1)
-             ORDER BY o.seq
+             WHERE o.seq <= $3{eligible} AND {past}
+             ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
        AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
@@ -118,39 +138,107 @@ WITH win1 AS MATERIALIZED (
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
             SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
              WHERE {held} AND {held_now})
-     ORDER BY p.seq
+     ORDER BY {key:p}
      LIMIT $2
 ), win AS (
     SELECT * FROM win1 UNION ALL SELECT * FROM win2
 ), firsts AS (
-    SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id
+    {firsts}
 ), heads AS (
     SELECT o.seq, o.aggregate_type, o.aggregate_id
       FROM {s}.outbox o
      WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts))
-     ORDER BY o.seq
+     ORDER BY {key:o}
      LIMIT $1
        FOR UPDATE SKIP LOCKED
-), claimed AS (
-    -- Every head first, then the rest by seq: one long chain cannot fill the batch while other
-    -- aggregates wait, and each aggregate still contributes a prefix of its chain.
-    SELECT w.seq
+), picked AS MATERIALIZED (
+    -- Every head first, then the rest in order: one long chain cannot fill the batch while
+    -- other aggregates wait, and each aggregate still contributes a prefix of its chain.
+    SELECT w.seq, w.xid, w.seq = h.seq AS head, w.size, w.packed
       FROM win w
       JOIN heads h ON h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id
-     ORDER BY w.seq = h.seq DESC, w.seq
+     ORDER BY w.seq = h.seq DESC, {key:w}
      LIMIT $1
+), claimed AS (
+    -- The longest prefix of that order within $5 payload bytes, and always its first event
+    -- (issue 12 §5.6): a prefix of a list where heads come first and each aggregate's events
+    -- follow in order still takes a prefix of each aggregate's chain. A payload stored
+    -- compressed is measured as the text it will be sent as (one lookup for each of at most
+    -- $1 events); any other by its stored size, which costs nothing.
+    SELECT c.seq
+      FROM (SELECT p.seq,
+                   row_number() OVER run AS n,
+                   sum(CASE WHEN p.packed
+                            THEN (SELECT octet_length(b.payload::text) FROM {s}.outbox b
+                                   WHERE b.seq = p.seq)
+                            ELSE p.size END) OVER run AS bytes
+              FROM picked p
+            WINDOW run AS (ORDER BY p.head DESC, {key:p} ROWS UNBOUNDED PRECEDING)) c
+     WHERE c.n = 1 OR c.bytes <= $5
 )
 DELETE FROM {s}.outbox o
  WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
-RETURNING o.seq, o.id, o.aggregate_type, o.aggregate_id, o.type, o.payload::text AS payload,
-          o.created_at, o.attempts, o.next_attempt_at, o.last_error, o.dead_at,
-          o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
+RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_id, o.type,
+          o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
+          o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
           o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
+
+/// In which order the relay publishes an aggregate's events (`relay --order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// By `seq`, taken at insert: every committed event is published at once. Two transactions
+    /// writing one aggregate concurrently can commit in the other order than their `seq`s.
+    Insert,
+    /// By `(xid, seq)`, and only events whose transaction is older than every transaction still
+    /// in progress (migrations/0009_commit_order.sql): nothing can commit later ahead of them.
+    Commit,
+}
+
+impl Order {
+    /// The claim statement for this order, with the shared predicates and the schema spliced in.
+    fn claim_sql(self, schema: &Schema) -> String {
+        let (eligible, key, past, firsts) = match self {
+            Order::Insert => (
+                "",
+                "A.seq",
+                "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)",
+                "SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id",
+            ),
+            // The horizon is an index condition on outbox_commit_order: the scan stops where
+            // the events of transactions still in progress begin, however many there are.
+            Order::Commit => (
+                " AND o.xid < pg_snapshot_xmin(pg_current_snapshot())",
+                "A.xid, A.seq",
+                "(o.xid, o.seq) > ((SELECT max(xid) FROM win1),
+                                   (SELECT max(seq) FROM win1
+                                     WHERE xid = (SELECT max(xid) FROM win1)))",
+                // min() over an array compares element by element; hashed by aggregate, where
+                // DISTINCT ON would sort the window by its text keys (a third of the claim).
+                "SELECT (min(ARRAY[xid::text::int8, seq]))[2] AS seq FROM win
+                  GROUP BY aggregate_type, aggregate_id",
+            ),
+        };
+        let mut t = CLAIM
+            .replace("{eligible}", eligible)
+            .replace("{past}", past)
+            .replace("{firsts}", firsts);
+        for alias in ["o", "p", "w"] {
+            t = t.replace(
+                &format!("{{key:{alias}}}"),
+                &key.replace("A.", &format!("{alias}.")),
+            );
+        }
+        sql(schema, &t)
+    }
+}
 
 /// A claimed event: what the sink gets, plus the bookkeeping needed to put it back unchanged.
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub event: Event,
+    /// The inserting transaction's id (`xid8`; 0 for events from before migration 0009): the
+    /// commit order's key, kept when the event is put back.
+    pub xid: i64,
     pub attempts: i32,
     pub next_attempt_at: SystemTime,
     pub last_error: Option<String>,
@@ -174,6 +262,7 @@ impl Claimed {
                 payload: r.get("payload"),
                 created_at: r.get("created_at"),
             },
+            xid: r.get("xid"),
             attempts: r.get("attempts"),
             next_attempt_at: r.get("next_attempt_at"),
             last_error: r.get("last_error"),
@@ -253,29 +342,48 @@ const BEGIN_CLAIM: &str = "BEGIN;
     SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
     SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
-/// Opens a batch's transaction and claims up to `batch` events in it, sorted by `seq`; both go
-/// out together (one round trip). With `reach`, the claim may look past its window for other
-/// aggregates' heads (step 2 of the module documentation). On error the transaction is rolled
-/// back. The caller ends it with [`settle`] or [`rollback`].
+/// What one claim may take.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimLimits {
+    /// Events (`--batch`).
+    pub batch: i64,
+    /// Payload bytes (`--batch-bytes`); the first event is taken whatever its size.
+    pub bytes: i64,
+    /// The highest `seq` to consider (`--once` stops at what existed when it started).
+    pub up_to_seq: i64,
+    pub order: Order,
+}
+
+/// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
+/// `limits.order` (by `seq`, or by `(xid, seq)`); both go out together (one round trip). With
+/// `reach`, the claim may look past its window for other aggregates' heads (step 2 of the module
+/// documentation). On error the transaction is rolled back. The caller ends it with [`settle`]
+/// or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
-    batch: i64,
-    up_to_seq: i64,
+    limits: ClaimLimits,
     reach: bool,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let ClaimLimits {
+        batch,
+        bytes,
+        up_to_seq,
+        order,
+    } = limits;
     let window = batch.saturating_mul(WINDOW_FACTOR);
     let reach = if reach {
         window.saturating_mul(REACH_FACTOR)
     } else {
         0
     };
-    let claim = sql(schema, CLAIM);
-    let params: [(&(dyn ToSql + Sync), Type); 4] = [
+    let claim = order.claim_sql(schema);
+    let params: [(&(dyn ToSql + Sync), Type); 5] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
         (&up_to_seq, Type::INT8),
         (&reach, Type::INT8),
+        (&bytes, Type::INT8),
     ];
     let (begun, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
@@ -290,7 +398,10 @@ pub async fn claim(
         }
     };
     let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
-    claimed.sort_unstable_by_key(|c| c.event.seq);
+    match order {
+        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
+        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
+    }
     Ok(claimed)
 }
 
@@ -494,6 +605,7 @@ async fn put_back(
     rows: &[PutBack<'_>],
 ) -> Result<u64, tokio_postgres::Error> {
     let seq: Vec<i64> = rows.iter().map(|r| r.c.event.seq).collect();
+    let xid: Vec<i64> = rows.iter().map(|r| r.c.xid).collect();
     let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.c.event.id).collect();
     let aggregate_type: Vec<&str> = rows
         .iter()
@@ -515,18 +627,20 @@ async fn put_back(
     let sql = sql(
         schema,
         "INSERT INTO {s}.outbox (seq, id, aggregate_type, aggregate_id, type, payload, created_at,
-                                 attempts, next_attempt_at, last_error, dead_at)
+                                 attempts, next_attempt_at, last_error, dead_at, xid)
          OVERRIDING SYSTEM VALUE
          SELECT seq, id, aggregate_type, aggregate_id, type, payload::jsonb, created_at, attempts,
                 CASE WHEN retry_in_ms IS NULL THEN next_attempt_at
                      ELSE clock_timestamp() + retry_in_ms * interval '1 millisecond' END,
                 last_error,
-                CASE WHEN die THEN clock_timestamp() ELSE dead_at END
+                CASE WHEN die THEN clock_timestamp() ELSE dead_at END,
+                -- The inserting transaction's, not this one's: the commit order's key.
+                xid::text::xid8
            FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[],
                        $7::timestamptz[], $8::int4[], $9::timestamptz[], $10::int8[], $11::text[],
-                       $12::timestamptz[], $13::bool[])
+                       $12::timestamptz[], $13::bool[], $14::int8[])
              AS r(seq, id, aggregate_type, aggregate_id, type, payload, created_at, attempts,
-                  next_attempt_at, retry_in_ms, last_error, dead_at, die)",
+                  next_attempt_at, retry_in_ms, last_error, dead_at, die, xid)",
     );
     client
         .execute_typed(
@@ -545,6 +659,7 @@ async fn put_back(
                 (&last_error, Type::TEXT_ARRAY),
                 (&dead_at, Type::TIMESTAMPTZ_ARRAY),
                 (&die, Type::BOOL_ARRAY),
+                (&xid, Type::INT8_ARRAY),
             ],
         )
         .await
@@ -563,6 +678,119 @@ pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
         .await
         .context("cannot read the outbox")?;
     Ok(row.get("seq"))
+}
+
+/// The commit order's horizon now: `pg_snapshot_xmin` of a fresh snapshot (the oldest
+/// transaction still in progress), and whether committed events wait behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Horizon {
+    pub xmin: i64,
+    /// Some visible (so committed) event has an `xid` at or past the horizon: `--order commit`
+    /// may not publish it yet.
+    pub held: bool,
+}
+
+/// Reads the [`Horizon`]: one probe of `outbox_commit_order` from the horizon on.
+pub async fn commit_horizon(client: &Client, schema: &Schema) -> Result<Horizon> {
+    let row = client
+        .query_typed_one(
+            &sql(
+                schema,
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
+                        EXISTS (SELECT 1 FROM {s}.outbox o
+                                 WHERE o.xid >= pg_snapshot_xmin(pg_current_snapshot())) AS held",
+            ),
+            &[],
+        )
+        .await
+        .context("cannot read the outbox")?;
+    Ok(Horizon {
+        xmin: row.get("xmin"),
+        held: row.get("held"),
+    })
+}
+
+/// A backend (or prepared transaction) that holds the relay back, as `pg_stat_activity` shows
+/// it; fields another role's session hides are `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// `None` for a prepared transaction (it has no backend).
+    pub pid: Option<i32>,
+    pub state: Option<String>,
+    pub application_name: Option<String>,
+    /// How long its transaction has been open.
+    pub xact_ms: Option<i64>,
+    /// How many transactions old its snapshot is (`age(backend_xmin)`), for a horizon holder.
+    pub xmin_age: Option<i32>,
+    /// The prepared transaction's gid.
+    pub gid: Option<String>,
+}
+
+impl Holder {
+    fn from_row(r: &Row) -> Holder {
+        Holder {
+            pid: r.get("pid"),
+            state: r.get("state"),
+            application_name: r.get("application_name"),
+            xact_ms: r.get("xact_ms"),
+            xmin_age: r.get("xmin_age"),
+            gid: r.get("gid"),
+        }
+    }
+}
+
+/// The backend whose transaction has id `xid` (the commit order's horizon), or the prepared
+/// transaction that has it. 32-bit `backend_xid` is compared with the low half of the `xid8`.
+pub async fn xid_holder(client: &Client, xid: i64) -> Result<Option<Holder>> {
+    let row = client
+        .query_typed_opt(
+            "SELECT a.pid, a.state, a.application_name,
+                    round(extract(epoch FROM clock_timestamp() - a.xact_start) * 1000)::int8 AS xact_ms,
+                    NULL::int4 AS xmin_age, NULL::text AS gid
+               FROM pg_stat_activity a
+              WHERE a.backend_xid::text::int8 = $1 % 4294967296
+             UNION ALL
+             SELECT NULL, 'prepared', NULL,
+                    round(extract(epoch FROM clock_timestamp() - p.prepared) * 1000)::int8,
+                    NULL, p.gid
+               FROM pg_prepared_xacts p
+              WHERE p.transaction::text::int8 = $1 % 4294967296
+             LIMIT 1",
+            &[(&xid, Type::INT8)],
+        )
+        .await
+        .context("cannot read pg_stat_activity")?;
+    Ok(row.as_ref().map(Holder::from_row))
+}
+
+/// The backends of this database (and walsenders) that hold back the xmin horizon, oldest
+/// first, at most three, each with its transaction open at least `min_ms`: an open snapshot
+/// (`backend_xmin`) or an open transaction with an id (`backend_xid`, which every later
+/// snapshot's xmin then carries). VACUUM cannot remove the rows the relay deleted since, and
+/// every claim wades through them (issue 12 §5.9: a drain 6 × slower, an empty claim 150 ×).
+/// Among backends whose xmin is equally old, the one whose own transaction id it is comes
+/// first: the others only inherited it.
+pub async fn horizon_holders(client: &Client, min_ms: i64) -> Result<Vec<Holder>> {
+    let rows = client
+        .query_typed(
+            "SELECT pid, state, application_name, xact_ms, xmin_age, NULL::text AS gid
+               FROM (SELECT pid, state, application_name,
+                            greatest(age(backend_xid), age(backend_xmin)) AS xmin_age,
+                            age(backend_xid) AS xid_age,
+                            round(extract(epoch FROM clock_timestamp()
+                                  - coalesce(xact_start, query_start, backend_start)) * 1000)::int8 AS xact_ms
+                       FROM pg_stat_activity
+                      WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+                        AND pid <> pg_backend_pid()
+                        AND coalesce(datname = current_database(), true)) a
+              WHERE xact_ms >= $1
+              ORDER BY xmin_age DESC, xid_age DESC NULLS LAST, xact_ms DESC
+              LIMIT 3",
+            &[(&min_ms, Type::INT8)],
+        )
+        .await
+        .context("cannot read pg_stat_activity")?;
+    Ok(rows.iter().map(Holder::from_row).collect())
 }
 
 /// When the earliest retry falls due, if any event is waiting out a backoff.

@@ -8,7 +8,7 @@ use crate::common::*;
 use crate::events::*;
 
 /// `curl` on the metrics address: the status code and the body.
-fn scrape(port: u16, path: &str) -> (String, String) {
+pub(crate) fn scrape(port: u16, path: &str) -> (String, String) {
     let out = Command::new("curl")
         .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "10"])
         .arg(format!("http://127.0.0.1:{port}{path}"))
@@ -19,7 +19,7 @@ fn scrape(port: u16, path: &str) -> (String, String) {
 }
 
 /// The sum of the samples of `metric` whose labels contain every one of `labels`.
-fn value(body: &str, metric: &str, labels: &[&str]) -> f64 {
+pub(crate) fn value(body: &str, metric: &str, labels: &[&str]) -> f64 {
     body.lines()
         .filter(|l| {
             l.strip_prefix(metric)

@@ -209,6 +209,17 @@ fn a_put_back_postgresql_refuses_never_rolls_back_the_rest_of_the_batch() {
 /// most of the burst is still to come (asserted by order of arrival, not by time).
 #[test]
 fn a_burst_on_one_aggregate_does_not_hold_the_others_back() {
+    burst_then_others(&[]);
+}
+
+/// The same with `--order commit` (issue 12 §3), whose claim reads the outbox in `(xid, seq)`
+/// order: the burst's transaction is older, so it fills the windows just the same.
+#[test]
+fn a_burst_on_one_aggregate_does_not_hold_the_others_back_in_commit_order() {
+    burst_then_others(&["--order", "commit"]);
+}
+
+fn burst_then_others(order: &[&str]) {
     let env = migrated();
     env.sql(
         "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
@@ -219,7 +230,8 @@ fn a_burst_on_one_aggregate_does_not_hold_the_others_back() {
            FROM generate_series(1, 1000) g",
     );
     let hook = Webhook::start(no_content());
-    let o = env.run(&["relay", "--once", "--sink", &hook.url()]);
+    let url = hook.url();
+    let o = env.run(&[&["relay", "--once", "--sink", &url][..], order].concat());
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(outbox_count(&env), 0);
     let bodies: Vec<serde_json::Value> = hook.requests().iter().map(body).collect();

@@ -21,15 +21,15 @@ const PROMPT: Duration = Duration::from_secs(15);
 const MARK_CLASS: &str = "1818583411";
 
 /// A psql session the test drives statement by statement, to hold a transaction open.
-struct Session {
+pub(crate) struct Session {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    pid: String,
+    pub(crate) pid: String,
 }
 
 impl Session {
-    fn open(env: &Env) -> Session {
+    pub(crate) fn open(env: &Env) -> Session {
         let mut child = Command::new("psql")
             .args(["-qXAt", "-v", "ON_ERROR_STOP=1", &env.direct_url])
             .stdin(Stdio::piped())
@@ -52,7 +52,7 @@ impl Session {
     }
 
     /// Sends `sql` and returns its output once psql has run it.
-    fn run(&mut self, sql: &str) -> String {
+    pub(crate) fn run(&mut self, sql: &str) -> String {
         writeln!(self.stdin, "{sql}\n\\echo --done--").unwrap();
         let mut out = String::new();
         loop {
