@@ -16,6 +16,9 @@ _leasectl() {
             ",$1")
                 cmd="leasectl"
                 ;;
+            leasectl,acquire)
+                cmd="leasectl__subcmd__acquire"
+                ;;
             leasectl,check)
                 cmd="leasectl__subcmd__check"
                 ;;
@@ -49,6 +52,9 @@ _leasectl() {
             leasectl,release)
                 cmd="leasectl__subcmd__release"
                 ;;
+            leasectl,renew)
+                cmd="leasectl__subcmd__renew"
+                ;;
             leasectl,run)
                 cmd="leasectl__subcmd__run"
                 ;;
@@ -57,6 +63,9 @@ _leasectl() {
                 ;;
             leasectl,status)
                 cmd="leasectl__subcmd__status"
+                ;;
+            leasectl__subcmd__help,acquire)
+                cmd="leasectl__subcmd__help__subcmd__acquire"
                 ;;
             leasectl__subcmd__help,check)
                 cmd="leasectl__subcmd__help__subcmd__check"
@@ -90,6 +99,9 @@ _leasectl() {
                 ;;
             leasectl__subcmd__help,release)
                 cmd="leasectl__subcmd__help__subcmd__release"
+                ;;
+            leasectl__subcmd__help,renew)
+                cmd="leasectl__subcmd__help__subcmd__renew"
                 ;;
             leasectl__subcmd__help,run)
                 cmd="leasectl__subcmd__help__subcmd__run"
@@ -140,12 +152,70 @@ _leasectl() {
 
     case "${cmd}" in
         leasectl)
-            opts="-v -h -V --database-url --schema --verbose --help --version run status runs output release expect check relay outbox prune migrate emit completions help"
+            opts="-v -h -V --database-url --schema --verbose --help --version run acquire renew status runs output release expect check relay outbox prune migrate emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__acquire)
+            opts="-v -h -V --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --format --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --wait)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --queue)
+                    COMPREPLY=($(compgen -W "fifo latest unordered" -- "${cur}"))
+                    return 0
+                    ;;
+                --wait-notice)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-holders)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --busy-exit-code)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "sh env json" -- "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -286,8 +356,22 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help)
-            opts="run status runs output release expect check relay outbox prune migrate emit completions help"
+            opts="run acquire renew status runs output release expect check relay outbox prune migrate emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__acquire)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -482,6 +566,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help__subcmd__release)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__renew)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -782,7 +880,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__relay)
-            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --metrics --database-url --schema --verbose --help --version"
+            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --order --batch-bytes --metrics --format --source --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -812,7 +910,23 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --order)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-bytes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --metrics)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --format)
+                    COMPREPLY=($(compgen -W "json cloudevents" -- "${cur}"))
+                    return 0
+                    ;;
+                --source)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -832,13 +946,51 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__release)
-            opts="-v -h -V --target --force --no-wait --database-url --schema --verbose --help --version"
+            opts="-v -h -V --target --force --token --no-wait --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__renew)
+            opts="-v -h -V --target --token --ttl --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ttl)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -858,7 +1010,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --heartbeat --wait --queue --wait-notice --label --max-holders --reuse-within --timeout --kill-after --busy-exit-code --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
+            opts="-q -v -h -V --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --heartbeat --token --reuse-within --timeout --kill-after --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -869,10 +1021,6 @@ _leasectl() {
                     return 0
                     ;;
                 --ttl)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --heartbeat)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -896,6 +1044,18 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --busy-exit-code)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --heartbeat)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --reuse-within)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -905,10 +1065,6 @@ _leasectl() {
                     return 0
                     ;;
                 --kill-after)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --busy-exit-code)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
