@@ -358,21 +358,28 @@ REF_BODY = json.dumps(
 ).encode()
 
 
-def amqp_reference(n):
-    """pika, one channel in confirm mode, REF_WINDOW persistent mandatory publishes in flight."""
+def amqp_reference(n, same_props=False):
+    """pika, one channel in confirm mode, REF_WINDOW persistent mandatory publishes in flight.
+
+    same_props: with every property the relay sets (type, app_id, and the aggregate_type and
+    aggregate_id headers), so the broker handles the same messages as from the relay."""
     import pika
 
     target = AmqpTarget()
     st = {"sent": 0, "acked": 0, "t0": 0.0, "t1": 0.0, "returned": 0}
     conn = None
 
+    def props(i):
+        if not same_props:
+            return pika.BasicProperties(delivery_mode=2, message_id=str(i), content_type="application/json")
+        return pika.BasicProperties(
+            delivery_mode=2, message_id=str(i), content_type="application/json", type="order.paid",
+            app_id="leasectl", headers={"aggregate_type": "order", "aggregate_id": str(i % 1000)},
+        )
+
     def pump(ch):
         while st["sent"] < n and st["sent"] - st["acked"] < REF_WINDOW:
-            ch.basic_publish(
-                target.exchange, "order.paid", REF_BODY,
-                pika.BasicProperties(delivery_mode=2, message_id=str(st["sent"]), content_type="application/json"),
-                mandatory=True,
-            )
+            ch.basic_publish(target.exchange, "order.paid", REF_BODY, props(st["sent"]), mandatory=True)
             st["sent"] += 1
 
     def on_ack(frame):
@@ -591,8 +598,12 @@ def measure(args, pg, cand, peer):
 
 def measure_one(args, pg, cand, peer):
     """One fresh schema, N events, one drain. Returns events/s (or None when it failed)."""
-    if cand.kind in ("amqp-ref", "nats-ref"):
-        rate = (amqp_reference if cand.kind == "amqp-ref" else nats_reference)(args.events)
+    if cand.kind in ("amqp-ref", "amqp-ref-props", "nats-ref"):
+        rate = {
+            "amqp-ref": lambda n: amqp_reference(n),
+            "amqp-ref-props": lambda n: amqp_reference(n, same_props=True),
+            "nats-ref": nats_reference,
+        }[cand.kind](args.events)
         cand.rates.append(rate)
         return rate
     n = max(cand.events or 0, args.events)
@@ -687,6 +698,10 @@ def throughput(args, pg, peer):
     if args.amqp:
         cands.append(Candidate("amqp", 1000, "amqp", "relay --once → RabbitMQ (confirms, durable queue)"))
         cands.append(Candidate("amqp-ref", 0, "amqp-ref", f"reference: pika, 1 channel, {REF_WINDOW} confirms in flight"))
+        cands.append(Candidate(
+            "amqp-ref-props", 0, "amqp-ref-props",
+            f"reference: pika as above, with the relay's message properties (type, app_id, 2 headers)",
+        ))
     if args.nats:
         cands.append(Candidate("nats", 1000, "nats", "relay --once → NATS JetStream (acks, file storage)"))
         cands.append(Candidate("nats-ref", 0, "nats-ref", f"reference: nats-py, {REF_WINDOW} acked publishes in flight"))
@@ -992,7 +1007,7 @@ def main():
         for name, c in res.items():
             if c.kind == "floor":
                 continue
-            if c.kind.endswith("-ref"):
+            if c.kind.endswith(("-ref", "-ref-props")):
                 if c.rates:
                     b = f"; broker {med(c.broker_us):.0f} µs CPU/msg" if c.broker_us else ""
                     lines.append(f"| {c.label} | {med(c.rates) / 1000:.1f}k msgs/s{b} | (broker reference) | |")
@@ -1016,6 +1031,9 @@ def main():
                     vs = rate / refs[c.kind]
                     goal += (f"; relay/{c.kind}-ref = **{vs:.2f}**, ≥ {GOAL_BROKER_VS_REF} — "
                              f"{verdict(vs >= GOAL_BROKER_VS_REF)}")
+                same = res.get(c.kind + "-ref-props")
+                if same is not None and same.rates:
+                    goal += f"; relay/{c.kind}-ref-props = **{rate / med(same.rates):.2f}**"
             else:
                 goal = ""
             lines.append(f"| {c.label} | {rate / 1000:.1f}k events/s{extra} | relay/floor = **{r:.2f}** | {goal} |")
