@@ -46,7 +46,10 @@ async fn release_token(db: &Db, target: &str, token: Uuid) -> Result<Exit> {
             Ok(Exit::Code(0))
         }
         None => {
-            crate::say!("{}", leases::why_not_held(&db.client, &db.schema, target, token).await?);
+            crate::say!(
+                "{}",
+                leases::why_not_held(&db.client, &db.schema, target, token).await?
+            );
             Ok(Exit::LeaseLost)
         }
     }

@@ -8,7 +8,10 @@ use crate::exit::Exit;
 use crate::store::leases;
 
 pub async fn run(db: &DbArgs, args: RenewArgs) -> Result<Exit> {
-    if args.ttl.is_some_and(|t| t < std::time::Duration::from_millis(100)) {
+    if args
+        .ttl
+        .is_some_and(|t| t < std::time::Duration::from_millis(100))
+    {
         return Err(crate::error::usage("--ttl is too short (at least 100ms)"));
     }
     let db = super::connect(db).await?;

@@ -126,7 +126,8 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             hb.watch_releases(listening);
         }
         let replaced = (&lease, acquired_at);
-        if let Some(exit) = replace::await_stop(&mut db, &cfg, replaced, &mut hb, &mut signals).await
+        if let Some(exit) =
+            replace::await_stop(&mut db, &cfg, replaced, &mut hb, &mut signals).await
         {
             return Ok(exit);
         }

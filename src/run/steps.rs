@@ -144,7 +144,13 @@ pub(super) async fn step(
     signals: &mut Signals,
 ) -> Result<Exit> {
     let sent = Instant::now();
-    let adopt = leases::adopt(&db.client, &db.schema, &cfg.target, token, (&me.host, me.pid));
+    let adopt = leases::adopt(
+        &db.client,
+        &db.schema,
+        &cfg.target,
+        token,
+        (&me.host, me.pid),
+    );
     let adopted = tokio::select! {
         r = bounded(sent + STATEMENT_DEADLINE, adopt) => r?,
         sig = signals.recv() => return Ok(Exit::from_signal(sig)),

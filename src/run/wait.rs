@@ -258,7 +258,9 @@ impl Waiter {
             }
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
-                    Acquired::Held(l) => Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening))),
+                    Acquired::Held(l) => {
+                        Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)))
+                    }
                     Acquired::Mismatch { in_force } => Err(mismatch(cfg, in_force)),
                     Acquired::Busy(_) => Ok(Attempt::Again),
                 };

@@ -354,7 +354,10 @@ pub async fn record_lost(
 pub enum Lost {
     Lost,
     /// A `--replace` by `by` (`host pid N [label]`) took the lease, with this fence.
-    Preempted { fence: i64, by: String },
+    Preempted {
+        fence: i64,
+        by: String,
+    },
 }
 
 /// The stop of a holder whose lease was taken (`release --force`, `--replace`): its run of
@@ -380,7 +383,10 @@ pub async fn stop_recorded(
         .context("cannot look up the old holder's run")?;
     Ok(rows.first().map(|r| {
         let outcome: &str = r.get("outcome");
-        (r.get("id"), Outcome::parse(outcome).unwrap_or(Outcome::Lost))
+        (
+            r.get("id"),
+            Outcome::parse(outcome).unwrap_or(Outcome::Lost),
+        )
     }))
 }
 

@@ -32,7 +32,13 @@ impl Workspace {
         write_executable(&bin_dir.join("leasectl"), &wrapper);
         let scripts = env.path("scripts");
         std::fs::create_dir_all(&scripts).unwrap();
-        for name in ["migrate", "deploy", "deploy-preview", "deploy-review", "integration"] {
+        for name in [
+            "migrate",
+            "deploy",
+            "deploy-preview",
+            "deploy-review",
+            "integration",
+        ] {
             let stub = format!(
                 "#!/bin/sh\necho \"{name} $LEASECTL_FENCE $LEASECTL_HOLDER_INDEX $LEASECTL_TOKEN\" >> '{}'\n",
                 env.path("log").display()
@@ -62,7 +68,12 @@ impl Workspace {
             .lines()
             .map(|l| {
                 let f: Vec<&str> = l.split(' ').collect();
-                (f[0].into(), f[1].into(), f[2].into(), f.get(3).unwrap_or(&"").to_string())
+                (
+                    f[0].into(),
+                    f[1].into(),
+                    f[2].into(),
+                    f.get(3).unwrap_or(&"").to_string(),
+                )
             })
             .collect()
     }
@@ -129,7 +140,10 @@ fn the_github_actions_example_runs_job_by_job() {
             // `if: always() && env.X != ''` runs after a failure too, when X is set.
             if let Some(cond) = step["if"].as_str() {
                 assert!(cond.starts_with("always()"), "{name}: {cond}");
-                let needs = cond.split("env.").nth(1).map(|r| r.split(' ').next().unwrap());
+                let needs = cond
+                    .split("env.")
+                    .nth(1)
+                    .map(|r| r.split(' ').next().unwrap());
                 if needs.is_some_and(|v| !vars.contains_key(v)) {
                     continue;
                 }
@@ -195,7 +209,12 @@ fn the_gitlab_ci_example_runs_job_by_job() {
     }
     assert_eq!(
         ran,
-        ["deploy-production", "deploy-staging", "deploy-review", "integration"]
+        [
+            "deploy-production",
+            "deploy-staging",
+            "deploy-review",
+            "integration"
+        ]
     );
 }
 
@@ -226,4 +245,3 @@ fn the_gitlab_after_script_releases_the_lease_after_a_failed_step() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(ws.env.held_leases(), "0");
 }
-

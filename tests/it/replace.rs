@@ -23,18 +23,39 @@ fn the_replacement_starts_only_after_the_old_child_that_ignores_sigterm_is_dead(
     let old = env.hold_with(
         env.command(),
         "deploy",
-        &["--ttl", "10m", "--heartbeat", "3m", "--kill-after", "2s", "--label", "old-sha"],
+        &[
+            "--ttl",
+            "10m",
+            "--heartbeat",
+            "3m",
+            "--kill-after",
+            "2s",
+            "--label",
+            "old-sha",
+        ],
         &format!(
             "trap '' TERM; while :; do echo \"old $(date +%s%N)\" >> '{}'; sleep 0.02; done",
             log.display()
         ),
     );
     let o = env.run(&[
-        "run", "--target", "deploy", "--replace", "--label", "new-sha", "--", "sh", "-c",
+        "run",
+        "--target",
+        "deploy",
+        "--replace",
+        "--label",
+        "new-sha",
+        "--",
+        "sh",
+        "-c",
         &format!("echo \"new $(date +%s%N)\" >> '{}'", log.display()),
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert!(stderr(&o).contains("waiting for it to stop"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("waiting for it to stop"),
+        "{}",
+        stderr(&o)
+    );
     let old = finish(old);
     assert_eq!(code(&old), 76, "{}", stderr(&old));
     assert!(
@@ -56,7 +77,10 @@ fn the_replacement_starts_only_after_the_old_child_that_ignores_sigterm_is_dead(
     assert_eq!(rows.len(), 2, "{rows:?}");
     let (old_run, new_run) = (&rows[0], &rows[1]);
     assert_eq!(old_run[1].as_deref(), Some("preempted"));
-    assert_eq!(old_run[2], new_run[0], "preempted_by names the replacement's fence");
+    assert_eq!(
+        old_run[2], new_run[0],
+        "preempted_by names the replacement's fence"
+    );
     assert_eq!(old_run[3].as_deref(), Some("old-sha"));
     assert_eq!(new_run[1].as_deref(), Some("completed"));
     // A preempted run publishes nothing; the replacement's result does.
@@ -80,7 +104,13 @@ fn without_notifications_the_old_holder_stops_at_its_heartbeat_and_the_replaceme
         ),
     );
     let o = env.run(&[
-        "run", "--target", "p", "--replace", "--", "sh", "-c",
+        "run",
+        "--target",
+        "p",
+        "--replace",
+        "--",
+        "sh",
+        "-c",
         &format!("echo \"new $(date +%s%N)\" >> '{}'", log.display()),
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -108,7 +138,14 @@ fn a_replaced_holder_that_was_killed_is_waited_out_until_its_lease_expires() {
     kill(old.id(), libc::SIGKILL);
     let _ = old.wait();
     let o = env.run(&[
-        "-v", "run", "--target", "k", "--replace", "--", "sh", "-c",
+        "-v",
+        "run",
+        "--target",
+        "k",
+        "--replace",
+        "--",
+        "sh",
+        "-c",
         &format!("echo \"new $(date +%s%N)\" >> '{}'", log.display()),
     ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -125,7 +162,9 @@ fn a_replaced_holder_that_was_killed_is_waited_out_until_its_lease_expires() {
 #[test]
 fn replacing_an_idle_acquired_lease_does_not_wait_and_its_token_is_dead() {
     let env = Env::new();
-    let o = env.run(&["acquire", "--target", "a", "--ttl", "10m", "--format", "json"]);
+    let o = env.run(&[
+        "acquire", "--target", "a", "--ttl", "10m", "--format", "json",
+    ]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let token = doc["token"].as_str().unwrap().to_owned();
@@ -147,7 +186,16 @@ fn replacing_an_idle_acquired_lease_does_not_wait_and_its_token_is_dead() {
 #[test]
 fn with_max_holders_the_oldest_holder_is_replaced() {
     let env = Env::new();
-    let flags = ["--max-holders", "2", "--ttl", "10m", "--heartbeat", "3m", "--kill-after", "2s"];
+    let flags = [
+        "--max-holders",
+        "2",
+        "--ttl",
+        "10m",
+        "--heartbeat",
+        "3m",
+        "--kill-after",
+        "2s",
+    ];
     let oldest = env.hold_with(env.command(), "pool", &flags, "exec sleep 300");
     std::fs::remove_file(env.path("started-pool")).unwrap();
     let younger = env.hold_with(env.command(), "pool", &flags, "exec sleep 300");

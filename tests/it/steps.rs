@@ -22,7 +22,9 @@ fn acquire(env: &Env, target: &str, extra: &[&str]) -> (String, i64) {
 
 /// `run --target T --token TOK -- sh -c SCRIPT`.
 fn step(env: &Env, target: &str, token: &str, script: &str) -> std::process::Output {
-    env.run(&["run", "--target", target, "--token", token, "--", "sh", "-c", script])
+    env.run(&[
+        "run", "--target", target, "--token", token, "--", "sh", "-c", script,
+    ])
 }
 
 #[test]
@@ -81,8 +83,9 @@ fn a_token_whose_lease_expired_and_was_taken_gets_76_from_run_renew_and_release(
     let env = Env::new();
     let (token, fence) = acquire(&env, "t", &["--ttl", "1s"]);
     wait_for("the lease to expire", || {
-        env.scalar("SELECT heartbeat_at + ttl_ms * interval '1ms' < now() FROM leases WHERE target = 't'")
-            == "t"
+        env.scalar(
+            "SELECT heartbeat_at + ttl_ms * interval '1ms' < now() FROM leases WHERE target = 't'",
+        ) == "t"
     });
     // Expired but not taken yet: a step does not start, and says why.
     let ran = env.path("ran");
@@ -225,18 +228,28 @@ fn token_flags_are_checked_before_connecting() {
     let tok = "6f1c0c1e-8a43-4c43-9c55-1d5b0d6a0c11";
     for (args, needle) in [
         (
-            vec!["run", "--target", "x", "--token", tok, "--wait", "--", "true"],
+            vec![
+                "run", "--target", "x", "--token", tok, "--wait", "--", "true",
+            ],
             "--wait",
         ),
         (
-            vec!["run", "--target", "x", "--token", tok, "--ttl", "1m", "--", "true"],
+            vec![
+                "run", "--target", "x", "--token", tok, "--ttl", "1m", "--", "true",
+            ],
             "--ttl",
         ),
         (vec!["release", "--target", "x"], "--force"),
         (vec!["release", "--target", "x", "--token", "nope"], "nope"),
-        (vec!["renew", "--target", "x", "--token", tok, "--ttl", "1ms"], "too short"),
+        (
+            vec!["renew", "--target", "x", "--token", tok, "--ttl", "1ms"],
+            "too short",
+        ),
         (vec!["acquire", "--target", "x", "--format", "yaml"], "yaml"),
-        (vec!["acquire", "--target", "x", "--replace", "--wait"], "--wait"),
+        (
+            vec!["acquire", "--target", "x", "--replace", "--wait"],
+            "--wait",
+        ),
     ] {
         let o = env
             .command_at("postgresql://nobody@127.0.0.1:1/none")
