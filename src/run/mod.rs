@@ -84,13 +84,42 @@ impl Me {
     }
 }
 
-pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
-    let cfg = RunConfig::new(args)?;
+/// The start of `run` and `acquire`: signals handled, connected (a waiter waits out a database
+/// it cannot reach yet), and when `--wait=DUR` gives up. `Err(exit)`: a signal came first.
+struct Started {
+    signals: Signals,
+    db: Db,
+    give_up_at: Option<Instant>,
+}
+
+async fn start(db_args: &DbArgs, cfg: &RunConfig) -> Result<Result<Started, Exit>> {
     let mut signals = Signals::install()?;
     let started = Instant::now();
-    let mut db = tokio::select! {
-        db = connect(db_args, &cfg, started) => db?,
-        sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+    let db = tokio::select! {
+        db = connect(db_args, cfg, started) => db?,
+        sig = signals.recv() => return Ok(Err(Exit::from_signal(sig))),
+    };
+    // `--wait=DUR` counts from the start, across connecting and every attempt.
+    let give_up_at = match cfg.wait {
+        Some(Wait::Upto(d)) => Some(deadline(started, d)),
+        _ => None,
+    };
+    Ok(Ok(Started {
+        signals,
+        db,
+        give_up_at,
+    }))
+}
+
+pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
+    let cfg = RunConfig::new(args)?;
+    let Started {
+        mut signals,
+        mut db,
+        give_up_at,
+    } = match start(db_args, &cfg).await? {
+        Ok(s) => s,
+        Err(exit) => return Ok(exit),
     };
     let me = Me::new();
     if let Some(token) = cfg.token {
@@ -109,11 +138,6 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         }
     }
 
-    // `--wait=DUR` counts from the start, across connecting and every attempt.
-    let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(deadline(started, d)),
-        _ => None,
-    };
     loop {
         let (lease, acquired_at, listening) =
             match obtain(&mut db, &cfg, &me, &mut signals, give_up_at).await? {

@@ -21,11 +21,11 @@ use uuid::Uuid;
 use super::heartbeat::Heartbeat;
 use super::wait::{obtain, Obtained};
 use super::{
-    bounded, connect, execute, prepare, release_within, replace, too_late, Me, Prepared,
+    bounded, execute, prepare, release_within, replace, start, too_late, Me, Prepared, Started,
     STATEMENT_DEADLINE,
 };
 use crate::cli::{AcquireArgs, AcquireFormat, DbArgs};
-use crate::config::{deadline, RunConfig, Wait};
+use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::Exit;
 use crate::signals::Signals;
@@ -37,17 +37,15 @@ use crate::store::leases::{self, DbClock, Lease};
 pub async fn acquire(db_args: &DbArgs, args: AcquireArgs) -> Result<Exit> {
     let format = args.format;
     let cfg = RunConfig::acquire(args.lease)?;
-    let mut signals = Signals::install()?;
-    let started = Instant::now();
-    let mut db = tokio::select! {
-        db = connect(db_args, &cfg, started) => db?,
-        sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+    let Started {
+        mut signals,
+        mut db,
+        give_up_at,
+    } = match start(db_args, &cfg).await? {
+        Ok(s) => s,
+        Err(exit) => return Ok(exit),
     };
     let me = Me::new();
-    let give_up_at = match cfg.wait {
-        Some(Wait::Upto(d)) => Some(deadline(started, d)),
-        _ => None,
-    };
     let (lease, acquired_at, listening) =
         match obtain(&mut db, &cfg, &me, &mut signals, give_up_at).await? {
             Obtained::Lease(l, at, listening) => (l, at, listening),

@@ -328,19 +328,10 @@ pub async fn acquire_place(
     target: &str,
     who: &Contender<'_>,
 ) -> Result<Acquired> {
-    client
-        .batch_execute("BEGIN")
+    let claimed = claim_place(client, schema, target, who);
+    let claim = under_target_lock(client, claimed, |c| matches!(c, Claim::Held(_)))
         .await
         .context("cannot acquire the lease")?;
-    let claimed = claim_place(client, schema, target, who).await;
-    let end = if matches!(claimed, Ok(Claim::Held(_))) {
-        "COMMIT"
-    } else {
-        "ROLLBACK"
-    };
-    let ended = client.batch_execute(end).await;
-    let claim = claimed.context("cannot acquire the lease")?;
-    ended.context("cannot acquire the lease")?;
     Ok(match claim {
         Claim::Held(l) => Acquired::Held(l),
         Claim::Mismatch(n) => Acquired::Mismatch { in_force: n },
@@ -354,15 +345,7 @@ async fn claim_place(
     target: &str,
     who: &Contender<'_>,
 ) -> Result<Claim> {
-    // The target's row (place 0), created if need be, locked until the end of the transaction.
-    let lock = schema.sql(
-        "INSERT INTO {s}.leases AS l (target, place, fence, ttl_ms, heartbeat_at, acquired_at)
-         VALUES ($1, 0, 0, $2, now(), now())
-         ON CONFLICT (target, place) DO UPDATE SET max_holders = l.max_holders",
-    );
-    client
-        .execute_typed(&lock, &[(&target, Type::TEXT), (&ms(who.ttl), Type::INT8)])
-        .await?;
+    lock_target(client, schema, target, who).await?;
     let number = who.ticket.map(|t| t.number);
     let ordered = who.ticket.map(|t| t.mode.ordered());
     let read = sql(
@@ -511,28 +494,39 @@ pub async fn replace(
     target: &str,
     who: &Contender<'_>,
 ) -> Result<Acquired> {
-    client
-        .batch_execute("BEGIN")
+    let taken = take_place(client, schema, target, who);
+    under_target_lock(client, taken, |a| matches!(a, Acquired::Held(_)))
         .await
-        .context("cannot replace the holder")?;
-    let taken = take_place(client, schema, target, who).await;
-    let end = if matches!(taken, Ok(Acquired::Held(_))) {
-        "COMMIT"
-    } else {
-        "ROLLBACK"
-    };
-    let ended = client.batch_execute(end).await;
-    let taken = taken.context("cannot replace the holder")?;
-    ended.context("cannot replace the holder")?;
-    Ok(taken)
+        .context("cannot replace the holder")
 }
 
-async fn take_place(
+/// Runs `work` in a transaction — its first statement is [`lock_target`] — and commits it when
+/// `keep` says its outcome changed something worth keeping; otherwise (or on error) rolls back.
+async fn under_target_lock<T>(
+    client: &Client,
+    work: impl std::future::Future<Output = Result<T>>,
+    keep: impl FnOnce(&T) -> bool,
+) -> Result<T> {
+    client.batch_execute("BEGIN").await?;
+    let done = work.await;
+    let end = match &done {
+        Ok(t) if keep(t) => "COMMIT",
+        _ => "ROLLBACK",
+    };
+    let ended = client.batch_execute(end).await;
+    let done = done?;
+    ended?;
+    Ok(done)
+}
+
+/// The target's row (place 0), created if need be, locked until the end of the transaction:
+/// every change of places, of the N in force and every `--replace` happens under it.
+async fn lock_target(
     client: &Client,
     schema: &Schema,
     target: &str,
     who: &Contender<'_>,
-) -> Result<Acquired> {
+) -> Result<(), tokio_postgres::Error> {
     let lock = schema.sql(
         "INSERT INTO {s}.leases AS l (target, place, fence, ttl_ms, heartbeat_at, acquired_at)
          VALUES ($1, 0, 0, $2, now(), now())
@@ -541,6 +535,16 @@ async fn take_place(
     client
         .execute_typed(&lock, &[(&target, Type::TEXT), (&ms(who.ttl), Type::INT8)])
         .await?;
+    Ok(())
+}
+
+async fn take_place(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    who: &Contender<'_>,
+) -> Result<Acquired> {
+    lock_target(client, schema, target, who).await?;
     let read = sql(
         schema,
         "SELECT l.place, l.max_holders, l.token, l.fence, l.ttl_ms,
