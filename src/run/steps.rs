@@ -27,7 +27,7 @@ use super::{
 use crate::cli::{AcquireArgs, AcquireFormat, DbArgs};
 use crate::config::RunConfig;
 use crate::db::Db;
-use crate::exit::Exit;
+use crate::exit::{Exit, Failure};
 use crate::signals::Signals;
 use crate::store::leases::{self, DbClock, Lease};
 
@@ -83,7 +83,9 @@ pub async fn acquire(db_args: &DbArgs, args: AcquireArgs) -> Result<Exit> {
     }
     if let Err(e) = print_lease(format, &lease, cfg.ttl) {
         release_within(&db, &lease, Instant::now() + STATEMENT_DEADLINE).await;
-        return Err(e.context("the lease was released"));
+        // Like the relay's closed stdout: the output's reader is gone, nothing is broken (69).
+        let why = format!("{e:#}; the lease was released");
+        return Err(Failure::Unavailable(why).into());
     }
     info!(
         "acquired '{}' (fence {}); it lives {} from each renewal: run --token steps, renew, release --token",

@@ -210,6 +210,25 @@ fn a_forced_release_during_a_step_waits_for_that_step_not_an_earlier_one() {
     assert_eq!(lost, "1");
 }
 
+/// A lease nobody can learn the token of would block the target for its TTL: when stdout is a
+/// pipe whose reader is gone, acquire releases it and exits 69 (not 70: nothing is broken).
+#[test]
+fn acquire_releases_the_lease_it_cannot_print() {
+    let env = Env::new();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = env
+        .command()
+        .args(["acquire", "--target", "p", "--ttl", "10m"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = finish(child);
+    assert_one_line_error(&o, 69, "the lease was released");
+    assert_eq!(env.held_leases(), "0");
+}
+
 #[test]
 fn a_forced_release_of_an_idle_lease_does_not_wait() {
     let env = Env::new();
