@@ -186,9 +186,12 @@ def claim_script(schema):
     if re.search(r"\{(?!s\})\w+\}", sql):
         die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
-    for param in ("$1", "$2", "$3", "$4", "$5"):
+    for param in ("$1", "$2", "$3", "$4", "$5", "$6", "$7"):
         if param not in sql:
             die(f"the CLAIM statement no longer uses {param}; update bench/relay.py")
+    # $6, $7: a claim of the next batch while one is published excludes that one's events and
+    # may come back empty; the floor is a plain claim: nothing excluded, the first event always.
+    sql = sql.replace("$6", "'{}'::int8[]").replace("$7", "true")
     sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach").replace("$5", ":bytes")
     return sql + ";\n"
 

@@ -158,7 +158,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l max-attempts
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l timeout -d 'How long one delivery may take: HTTP response, broker confirm, command run' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l parallel -d 'Aggregates published at once within a batch [default: 64; amqp, nats: 1024; exec: 4; stdout: 1]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l order -d 'Order of an aggregate\'s events: insert (by seq, at once) or commit (only once every older transaction has ended; see the README)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch-bytes -d 'Payload bytes claimed per transaction (e.g. 4MiB); an event larger than that goes alone' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch-bytes -d 'Payload bytes in flight (e.g. 4MiB), shared by the batch in hand and the next one claimed meanwhile; an event larger than that goes alone' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l metrics -d 'Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l format -d 'What to publish: json (leasectl\'s event object) or cloudevents (CloudEvents 1.0: structured JSON for stdout and exec:, binary mode with ce-*/cloudEvents:* headers for http, amqp and nats)' -r -f -a "json\t'`{"id","aggregate_type","aggregate_id","type","payload","created_at"}`'
 cloudevents\t'CloudEvents 1.0'"

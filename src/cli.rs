@@ -572,7 +572,8 @@ pub struct RelayArgs {
     /// older transaction has ended; see the README)
     #[arg(long, value_parser = parse_order, default_value = "insert", value_name = "ORDER")]
     pub order: crate::store::outbox::Order,
-    /// Payload bytes claimed per transaction (e.g. 4MiB); an event larger than that goes alone
+    /// Payload bytes in flight (e.g. 4MiB), shared by the batch in hand and the next one claimed
+    /// meanwhile; an event larger than that goes alone
     #[arg(long, value_parser = parse_byte_size, default_value = "16MiB", value_name = "BYTES")]
     pub batch_bytes: usize,
 

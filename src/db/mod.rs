@@ -84,6 +84,19 @@ impl Db {
         Ok(())
     }
 
+    /// Opens a second connection with the same settings, for work beside this one's (the
+    /// relay claims its next batch on it while it publishes one: [`crate::store::outbox::claim`]).
+    pub async fn another(&self) -> Result<Db> {
+        let (client, notifications, _) = session::open(&self.settings, Some(self.pooling)).await?;
+        Ok(Db {
+            client,
+            notifications,
+            schema: self.schema.clone(),
+            settings: self.settings.clone(),
+            pooling: self.pooling,
+        })
+    }
+
     /// Whether LISTEN works on this connection (not behind a transaction-mode pooler); where it
     /// does not, waiters poll.
     pub fn can_listen(&self) -> bool {

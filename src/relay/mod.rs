@@ -8,6 +8,12 @@
 //! marked delivered before the sink confirmed it, and a relay that dies mid-batch loses
 //! nothing: its transaction rolls back and the events are published again (at-least-once).
 //!
+//! While batches come back full (a backlog) and every event of one was delivered, the next
+//! batch is claimed on a second connection while this one is published ([`Ahead`]; the
+//! statement's side is "Claiming ahead" in [`outbox`]), so the sink never waits for the
+//! database between batches. The two batches commit in order, and the second is published only
+//! after the first committed.
+//!
 //! Failures ([`backoff`]):
 //! * the sink refused an event → it gets an attempt, a backoff (1s doubling to 5m, ±20%
 //!   jitter) and, after `--max-attempts`, is dead; its aggregate waits, others carry on;
@@ -44,7 +50,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, ClaimLimits, Holder, Order, Settle};
+use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Order, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use metrics::Metrics;
 use progress::Progress;
@@ -70,6 +76,10 @@ const HELD_EVERY: Duration = Duration::from_millis(100);
 
 /// A warning about what holds the relay back is repeated at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// After the second connection could not be opened, how long the relay claims one batch at a
+/// time before it tries again.
+const SPARE_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -199,14 +209,121 @@ struct BatchReport {
     sink_down: Option<String>,
 }
 
+/// Which of the relay's connections a batch's transaction is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Conn {
+    /// The one the relay connected with: LISTEN, the idle mark, and a batch claimed normally.
+    Main,
+    /// The second one, opened for claiming ahead.
+    Spare,
+}
+
+impl Conn {
+    fn other(self) -> Conn {
+        match self {
+            Conn::Main => Conn::Spare,
+            Conn::Spare => Conn::Main,
+        }
+    }
+}
+
+/// The second connection, and the batch claimed ahead on one of the two while the batch before
+/// it was published (see the module documentation and "Claiming ahead" in [`outbox`]).
+///
+/// A batch claimed ahead is kept only if every event of the batch before it was delivered, the
+/// relay is not stopping, and it is not empty; otherwise it is rolled back before that batch
+/// commits. Claiming ahead is only done on direct connections: behind a transaction-mode pooler
+/// the second transaction could wait for a server connection that only the first one's commit
+/// frees, and the first commits only after the second was claimed.
+#[derive(Default)]
+struct Ahead {
+    /// Opened when first needed; dropped when a statement on it failed (opened again later).
+    spare: Option<Db>,
+    /// The next batch and the connection its transaction is on.
+    next: Option<(Conn, Vec<Claimed>)>,
+    /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
+    failed_at: Option<Instant>,
+}
+
+impl Ahead {
+    fn conn<'a>(&'a self, db: &'a Db, conn: Conn) -> &'a Db {
+        match conn {
+            Conn::Main => db,
+            Conn::Spare => self
+                .spare
+                .as_ref()
+                .expect("a batch on the second connection"),
+        }
+    }
+
+    /// The connection without a batch's transaction open: where the relay's statements between
+    /// batches go.
+    fn free<'a>(&'a self, db: &'a Db) -> &'a Db {
+        match (&self.next, &self.spare) {
+            (Some((Conn::Main, _)), Some(spare)) => spare,
+            _ => db,
+        }
+    }
+
+    /// The batch claimed ahead, if any and if its transaction is still open. It waited while
+    /// the batch before it was published, and its session may have been ended meanwhile (by
+    /// `idle_in_transaction_session_timeout`, say): its events are then back in the outbox, for
+    /// any relay to claim, and must not be published from here. One round trip tells.
+    async fn take_next(&mut self, db: &Db) -> Option<(Conn, Vec<Claimed>)> {
+        let (conn, next) = self.next.take()?;
+        match outbox::ping(&self.conn(db, conn).client).await {
+            Ok(()) => Some((conn, next)),
+            Err(e) => {
+                info!(
+                    "the batch claimed ahead was lost with its session ({}); claiming again",
+                    db::reason(&e)
+                );
+                if conn == Conn::Spare {
+                    self.spare = None;
+                }
+                // A main connection that failed tells at its next statement.
+                None
+            }
+        }
+    }
+
+    /// Rolls back the batch claimed ahead, if any: its events are back in the outbox as they
+    /// were. A failure on the main connection is returned (the relay then reconnects, which
+    /// ends that transaction too); the second connection is simply dropped.
+    async fn roll_back(&mut self, db: &Db) -> Result<(), tokio_postgres::Error> {
+        let Some((conn, _)) = self.next.take() else {
+            return Ok(());
+        };
+        match (outbox::rollback(&self.conn(db, conn).client).await, conn) {
+            (Ok(()), _) => Ok(()),
+            (Err(e), Conn::Main) => Err(e),
+            (Err(_), Conn::Spare) => {
+                self.spare = None;
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets both transactions' connection state after a failure: the second connection is
+    /// closed (the server rolls back whatever was open on it); the main one is reconnected by
+    /// the caller.
+    fn reset(&mut self) {
+        self.next = None;
+        self.spare = None;
+    }
+}
+
 impl Relay {
     async fn main_loop(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<Exit> {
         let mut sink_outage = Outage::new(self.cfg.sink.describe());
         let mut db_outage = Backoff::new(OUTAGE_BASE, OUTAGE_CAP);
         // For `--once`: events that went dead during this pass make its exit code 1.
         let mut went_dead = 0;
+        let mut ahead = Ahead::default();
         loop {
             if stop.is_cancelled() {
+                // Best effort: exiting closes the connection, which rolls it back anyway.
+                let _ = ahead.roll_back(db).await;
                 return Ok(Exit::Code(0));
             }
             // Notifications that arrived while we were busy are answered by this very claim.
@@ -214,10 +331,10 @@ impl Relay {
             let step = if self.cfg.once {
                 Ok(())
             } else {
-                self.watch_health(db).await
+                self.watch_health(ahead.free(db)).await
             };
             let step = match step {
-                Ok(()) => self.batch(db).await,
+                Ok(()) => self.batch(db, &mut ahead, stop).await,
                 Err(e) => Err(e),
             };
             let report = match step {
@@ -234,21 +351,27 @@ impl Relay {
                         "database connection failed ({}); reconnecting",
                         db::reason(pg)
                     );
+                    ahead.reset();
                     self.reconnect(db, stop, &mut db_outage).await?;
                     continue;
                 }
             };
             db_outage.reset();
             went_dead += report.went_dead;
+            // Between batches the relay's other statements go to the connection without an
+            // open batch (the main one, unless the next batch was claimed ahead on it).
+            let free = ahead.free(db);
             if (report.claimed as i64) < self.cfg.batch {
-                self.watch_commit_horizon(db).await;
+                self.watch_commit_horizon(free).await;
             }
             self.deleted_since_horizon += report.delivered as u64;
-            self.watch_xmin_horizon(db).await;
+            self.watch_xmin_horizon(free).await;
             self.progress.batch(report.delivered);
-            self.progress.refresh_backlog(&db.client, &db.schema).await;
-            self.metrics.refresh(&db.client, &db.schema).await;
-            self.maybe_vacuum(db, report.delivered).await;
+            self.progress
+                .refresh_backlog(&free.client, &free.schema)
+                .await;
+            self.metrics.refresh(&free.client, &free.schema).await;
+            self.maybe_vacuum(free, report.delivered).await;
 
             self.metrics.sink_up(report.sink_down.is_none());
             if let Some(msg) = report.sink_down {
@@ -317,42 +440,104 @@ impl Relay {
         }
     }
 
-    /// Claims, publishes and settles one batch in one transaction.
-    async fn batch(&mut self, db: &Db) -> Result<BatchReport> {
-        let client = &db.client;
-        // Looking past the window costs a scan of up to 100 windows; it is worth it only while
-        // it finds something or the batches come back short (a burst, or heads that other
-        // relays hold). A relay draining one long chain in full batches looks once a second,
-        // so others that queue up behind it wait at most about that long.
-        let reach = self.reach_next || self.reach_at.is_none_or(|t| t.elapsed() >= REACH_EVERY);
-        if reach {
-            self.reach_at = Some(Instant::now());
-        }
+    /// Claims, publishes and settles one batch in one transaction — or takes the one claimed
+    /// ahead ([`Ahead`]) — and, while batches come back full, claims the next one on the other
+    /// connection meanwhile.
+    async fn batch(
+        &mut self,
+        db: &Db,
+        ahead: &mut Ahead,
+        stop: &CancellationToken,
+    ) -> Result<BatchReport> {
         let limits = ClaimLimits {
             batch: self.cfg.batch,
             bytes: self.cfg.batch_bytes,
             up_to_seq: self.up_to_seq,
             order: self.cfg.order,
         };
-        let claimed = outbox::claim(client, &db.schema, limits, reach).await?;
-        self.reach_next =
-            (claimed.len() as i64) < self.cfg.batch || claimed.iter().any(|c| c.reached);
+        let (on, claimed) = match ahead.take_next(db).await {
+            Some(next) => next,
+            None => {
+                let reach = self.reach_now();
+                let claimed = outbox::claim(&db.client, &db.schema, limits, reach, None).await?;
+                self.reach_next = reach_next(self.cfg.batch, &claimed);
+                (Conn::Main, claimed)
+            }
+        };
         if claimed.is_empty() {
-            outbox::rollback(client).await?;
+            outbox::rollback(&ahead.conn(db, on).client).await?;
             return Ok(BatchReport::default());
         }
-        // Working again: writers may stop notifying.
-        self.mark.release(client).await?;
+        // Working again: writers may stop notifying. (The mark is the main connection's; it
+        // is only ever held after an empty claim, so never while a batch is claimed ahead.)
+        self.mark.release(&db.client).await?;
+
+        let bytes: i64 = claimed.iter().map(|c| c.event.payload.len() as i64).sum();
+        let next_on = if (claimed.len() as i64) == self.cfg.batch
+            && bytes <= self.cfg.batch_bytes / 2
+            && !stop.is_cancelled()
+        {
+            self.ready_to_claim_ahead(db, ahead, on.other()).await
+        } else {
+            None
+        };
+        let reach = next_on.is_some() && self.reach_now();
         let publisher = Publisher {
             sink: &self.sink,
             parallel: self.parallel,
             max_attempts: self.cfg.max_attempts,
         };
-        let (settled, sink_down) = publisher.publish(&claimed).await;
+        // The two batches together stay within --batch-bytes.
+        let next_limits = ClaimLimits {
+            bytes: self.cfg.batch_bytes - bytes,
+            ..limits
+        };
+        let (published, next) = {
+            let ahead = &*ahead;
+            let claim_next = async {
+                let conn = ahead.conn(db, next_on?);
+                Some(
+                    outbox::claim(&conn.client, &db.schema, next_limits, reach, Some(&claimed))
+                        .await,
+                )
+            };
+            tokio::join!(publisher.publish(&claimed), claim_next)
+        };
+        let (settled, sink_down) = published;
         let delivered = settled
             .iter()
             .filter(|s| matches!(s, Settle::Delivered))
             .count();
+        if let (Some(conn), Some(next)) = (next_on, next) {
+            match next {
+                Ok(next) => {
+                    self.reach_next = reach_next(self.cfg.batch, &next);
+                    ahead.next = Some((conn, next));
+                }
+                Err(e) => {
+                    info!(
+                        "could not claim the next batch ahead ({}); claiming it after this one",
+                        db::reason(&e)
+                    );
+                    // A main connection that failed tells at its next statement.
+                    if conn == Conn::Spare {
+                        ahead.spare = None;
+                    }
+                }
+            }
+        }
+        // Before this batch commits: what the next one holds continues chains that, with an
+        // event of this one put back, are not gone after all.
+        let keep = delivered == claimed.len()
+            && !stop.is_cancelled()
+            && ahead
+                .next
+                .as_ref()
+                .is_some_and(|(_, next)| !next.is_empty());
+        if !keep {
+            ahead.roll_back(db).await?;
+        }
+        let client = &ahead.conn(db, on).client;
         if let Err(failed) = outbox::settle(client, &db.schema, &claimed, &settled).await {
             if delivered > 0 {
                 // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
@@ -366,6 +551,8 @@ impl Relay {
                     }
                 );
             }
+            // The batch claimed ahead continues this one, which may not be gone either.
+            let _ = ahead.roll_back(db).await;
             return Err(failed.error.into());
         }
         publisher.report_failures(&claimed, &settled);
@@ -380,6 +567,55 @@ impl Relay {
             went_dead,
             sink_down,
         })
+    }
+
+    /// Whether the next claim should look past its window (step 2 of [`outbox`]'s claim).
+    /// Looking past the window costs a scan of up to 100 windows; it is worth it only while it
+    /// finds something or the batches come back short (a burst, or heads that other relays
+    /// hold). A relay draining one long chain in full batches looks once a second, so others
+    /// that queue up behind it wait at most about that long.
+    fn reach_now(&mut self) -> bool {
+        let reach = self.reach_next || self.reach_at.is_none_or(|t| t.elapsed() >= REACH_EVERY);
+        if reach {
+            self.reach_at = Some(Instant::now());
+        }
+        reach
+    }
+
+    /// Whether the next batch can be claimed ahead on `conn`: the main connection is always
+    /// there; the second is opened when first needed. Neither behind a transaction-mode pooler
+    /// (see [`Ahead`]).
+    async fn ready_to_claim_ahead(
+        &mut self,
+        db: &Db,
+        ahead: &mut Ahead,
+        conn: Conn,
+    ) -> Option<Conn> {
+        if !db.can_listen() {
+            return None;
+        }
+        if conn == Conn::Main || ahead.spare.is_some() {
+            return Some(conn);
+        }
+        if ahead.failed_at.is_some_and(|t| t.elapsed() < SPARE_RETRY) {
+            return None;
+        }
+        match db.another().await {
+            Ok(spare) => {
+                ahead.spare = Some(spare);
+                ahead.failed_at = None;
+                Some(conn)
+            }
+            Err(e) => {
+                if ahead.failed_at.is_none() {
+                    warn!(
+                        "cannot open a second database connection ({e:#}); claiming one batch at a time"
+                    );
+                }
+                ahead.failed_at = Some(Instant::now());
+                None
+            }
+        }
     }
 
     /// `--order commit`: notes whether committed events wait behind a transaction still in
@@ -607,6 +843,12 @@ impl Relay {
             }
         }
     }
+}
+
+/// Whether the claim after one that found `claimed` should look past its window
+/// ([`Relay::reach_now`]): it came back short, or found something there.
+fn reach_next(batch: i64, claimed: &[Claimed]) -> bool {
+    (claimed.len() as i64) < batch || claimed.iter().any(|c| c.reached)
 }
 
 /// A backend for a warning: `backend 1234 (application "psql", idle in transaction, transaction

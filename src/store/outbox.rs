@@ -60,6 +60,22 @@
 //!
 //! The batch is also bounded in payload bytes (`--batch-bytes`): the claim takes the longest
 //! prefix of its order (heads first) whose payloads fit, and at least one event.
+//!
+//! # Claiming ahead
+//!
+//! While one batch is published, the relay claims the next on a second connection, so the
+//! sink does not wait for the database between batches (`Relay::batch`). That claim is given
+//! the `seq`s of the batch in hand and treats them as gone, although its snapshot still sees
+//! them (their deletion is not committed yet): each aggregate's first event past them is its
+//! head for this claim, and the prefix taken from there continues the one in hand. The relay
+//! keeps the batch claimed ahead only if every event of the batch in hand was delivered, and
+//! rolls it back **before** that batch commits otherwise, or when that batch's commit fails:
+//! what it holds continues chains that are then not gone after all. So outside this relay's
+//! two transactions the rule above is kept — whoever holds an event of an aggregate holds its
+//! head: until the batch in hand commits, its events are the heads, held by the first
+//! transaction; once it commits, the batch claimed ahead holds the new heads. The two
+//! commit in order, and a batch claimed ahead is published only once the one before it was
+//! confirmed, so an aggregate's events still leave one after another.
 
 use std::time::{Duration, SystemTime};
 
@@ -100,7 +116,9 @@ const REACH_FACTOR: i64 = 100;
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
 /// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
 /// many events past the window to look through for other aggregates' heads, `$5` = the batch's
-/// payload bytes (`--batch-bytes`). Placeholders for the order ([`Order`]): `{eligible}` (the
+/// payload bytes (`--batch-bytes`), `$6` = the `seq`s of a batch this relay holds on another
+/// connection, to count as gone (a claim ahead; empty otherwise), `$7` = whether the first event
+/// is taken whatever its size (not when claiming ahead). Placeholders for the order ([`Order`]): `{eligible}` (the
 /// events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
 /// (past the first window), `{firsts}` (each aggregate's first event in the windows).
 const CLAIM: &str = "
@@ -109,6 +127,7 @@ WITH win1 AS MATERIALIZED (
            pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
      WHERE o.seq <= $3{eligible}
+       AND o.seq <> ALL ($6)
        -- NOT IN over the few blocked aggregates becomes one hashed lookup per row, which keeps
        -- the plan an ordered scan that stops after the window (NOT EXISTS would be planned as
        -- an anti join over the whole table).
@@ -128,7 +147,7 @@ WITH win1 AS MATERIALIZED (
                    pg_column_size(o.payload) AS size,
                    pg_column_compression(o.payload) IS NOT NULL AS packed
               FROM {s}.outbox o
-             WHERE o.seq <= $3{eligible} AND {past}
+             WHERE o.seq <= $3{eligible} AND {past} AND o.seq <> ALL ($6)
              ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
@@ -174,7 +193,7 @@ WITH win1 AS MATERIALIZED (
                             ELSE p.size END) OVER run AS bytes
               FROM picked p
             WINDOW run AS (ORDER BY p.head DESC, {key:p} ROWS UNBOUNDED PRECEDING)) c
-     WHERE c.n = 1 OR c.bytes <= $5
+     WHERE (c.n = 1 AND $7) OR c.bytes <= $5
 )
 DELETE FROM {s}.outbox o
  WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
@@ -357,13 +376,17 @@ pub struct ClaimLimits {
 /// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
 /// `limits.order` (by `seq`, or by `(xid, seq)`); both go out together (one round trip). With
 /// `reach`, the claim may look past its window for other aggregates' heads (step 2 of the module
-/// documentation). On error the transaction is rolled back. The caller ends it with [`settle`]
-/// or [`rollback`].
+/// documentation). With `after`, it claims the batch that follows that one, which this relay
+/// holds uncommitted on another connection ("Claiming ahead" in the module documentation): its
+/// events count as gone, and the first event is taken only if it fits `limits.bytes` too, so
+/// the two batches together stay within it. On error the transaction is rolled back. The caller
+/// ends it with [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
     reach: bool,
+    after: Option<&[Claimed]>,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
     let ClaimLimits {
         batch,
@@ -378,12 +401,20 @@ pub async fn claim(
         0
     };
     let claim = order.claim_sql(schema);
-    let params: [(&(dyn ToSql + Sync), Type); 5] = [
+    let gone: Vec<i64> = after
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.event.seq)
+        .collect();
+    let first_always = after.is_none();
+    let params: [(&(dyn ToSql + Sync), Type); 7] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
         (&up_to_seq, Type::INT8),
         (&reach, Type::INT8),
         (&bytes, Type::INT8),
+        (&gone, Type::INT8_ARRAY),
+        (&first_always, Type::BOOL),
     ];
     let (begun, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
@@ -403,6 +434,12 @@ pub async fn claim(
         Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
     }
     Ok(claimed)
+}
+
+/// Checks that a batch's transaction is still open on its connection (one round trip): a
+/// session ended by the server, or a transaction already aborted, fails.
+pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("SELECT 1").await
 }
 
 /// Ends a batch's transaction without changing anything: every claimed event is back.

@@ -32,6 +32,7 @@ mod pooler;
 mod privileges;
 mod queue;
 mod relay;
+mod relay_ahead;
 mod relay_backlog;
 mod relay_faults;
 mod relay_order;
