@@ -109,12 +109,7 @@ WITH win1 AS MATERIALIZED (
            pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
      WHERE o.seq <= $3{eligible}
-       -- NOT IN over the few blocked aggregates becomes one hashed lookup per row, which keeps
-       -- the plan an ordered scan that stops after the window (NOT EXISTS would be planned as
-       -- an anti join over the whole table).
-       AND (o.aggregate_type, o.aggregate_id) NOT IN (
-            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE {held} AND {held_now})
+       AND o.dead_at IS NULL AND {not_held:o}
      ORDER BY {key:o}
      LIMIT $2
 ), win2 AS MATERIALIZED (
@@ -128,16 +123,14 @@ WITH win1 AS MATERIALIZED (
                    pg_column_size(o.payload) AS size,
                    pg_column_compression(o.payload) IS NOT NULL AS packed
               FROM {s}.outbox o
-             WHERE o.seq <= $3{eligible} AND {past}
+             WHERE o.seq <= $3{eligible} AND o.dead_at IS NULL AND {past}
              ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
        AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
             SELECT aggregate_type, aggregate_id FROM win1)
-       AND (p.aggregate_type, p.aggregate_id) NOT IN (
-            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE {held} AND {held_now})
+       AND {not_held:p}
      ORDER BY {key:p}
      LIMIT $2
 ), win AS (
@@ -365,6 +358,46 @@ pub async fn claim(
     limits: ClaimLimits,
     reach: bool,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let rows = begin_and_claim(client, schema, limits, reach, "").await?;
+    let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
+    match limits.order {
+        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
+        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
+    }
+    Ok(claimed)
+}
+
+/// What [`claim`] does, as `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` shows it: the same
+/// statement with the same parameters in a transaction opened the same way, run and then rolled
+/// back, so nothing is claimed. For tests and benchmarks: which plan the claim gets, and how many
+/// rows and buffers it touches (`[0]["Plan"]` counts those of the whole statement).
+pub async fn explain_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: bool,
+) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let rows = begin_and_claim(
+        client,
+        schema,
+        limits,
+        reach,
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ",
+    )
+    .await?;
+    rollback(client).await?;
+    Ok(rows.first().map(|r| r.get(0)).unwrap_or_default())
+}
+
+/// [`BEGIN_CLAIM`] and the claim statement (after `prefix`), in one round trip; on error the
+/// transaction is rolled back.
+async fn begin_and_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: bool,
+    prefix: &str,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
     let ClaimLimits {
         batch,
         bytes,
@@ -377,7 +410,7 @@ pub async fn claim(
     } else {
         0
     };
-    let claim = order.claim_sql(schema);
+    let claim = format!("{prefix}{}", order.claim_sql(schema));
     let params: [(&(dyn ToSql + Sync), Type); 5] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
@@ -390,19 +423,13 @@ pub async fn claim(
         client.query_typed(&claim, &params)
     );
     begun?;
-    let rows = match rows {
-        Ok(rows) => rows,
+    match rows {
+        Ok(rows) => Ok(rows),
         Err(e) => {
             let _ = rollback(client).await;
-            return Err(e);
+            Err(e)
         }
-    };
-    let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
-    match order {
-        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
-        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
     }
-    Ok(claimed)
 }
 
 /// Ends a batch's transaction without changing anything: every claimed event is back.
@@ -685,12 +712,13 @@ pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Horizon {
     pub xmin: i64,
-    /// Some visible (so committed) event has an `xid` at or past the horizon: `--order commit`
-    /// may not publish it yet.
+    /// Some visible (so committed) event that is not dead has an `xid` at or past the horizon:
+    /// `--order commit` may not publish it yet.
     pub held: bool,
 }
 
-/// Reads the [`Horizon`]: one probe of `outbox_commit_order` from the horizon on.
+/// Reads the [`Horizon`]: one probe of `outbox_commit_order` (live events only: a dead one is
+/// not waiting for the horizon, and the index leaves it out) from the horizon on.
 pub async fn commit_horizon(client: &Client, schema: &Schema) -> Result<Horizon> {
     let row = client
         .query_typed_one(
@@ -698,7 +726,8 @@ pub async fn commit_horizon(client: &Client, schema: &Schema) -> Result<Horizon>
                 schema,
                 "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
                         EXISTS (SELECT 1 FROM {s}.outbox o
-                                 WHERE o.xid >= pg_snapshot_xmin(pg_current_snapshot())) AS held",
+                                 WHERE o.xid >= pg_snapshot_xmin(pg_current_snapshot())
+                                   AND o.dead_at IS NULL) AS held",
             ),
             &[],
         )
