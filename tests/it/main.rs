@@ -33,6 +33,7 @@ mod privileges;
 mod queue;
 mod relay;
 mod relay_backlog;
+mod relay_dead_heads;
 mod relay_faults;
 mod relay_order;
 mod relay_sinks;
