@@ -8,8 +8,13 @@
 //! the same statement. [`claim`] is one `DELETE … RETURNING` run inside the relay's transaction:
 //!
 //! 1. a window of the oldest events (`--batch` × 2) of aggregates that are not *blocked* — whose
-//!    events are neither dead nor waiting out a retry (the `outbox_held` partial index makes that
-//!    one probe) — so a dead aggregate never holds up the others;
+//!    events are neither dead nor waiting out a retry — so a dead aggregate never holds up the
+//!    others. The window is an ordered scan of the partial index `outbox_live` (of
+//!    `outbox_commit_order` for [`Order::Commit`]), which leaves dead events out
+//!    (migrations/0010_live_events.sql), and each event it meets costs one probe of the partial
+//!    index `outbox_held` for its aggregate (none while that index is empty): the claim never
+//!    reads a dead event, so however many pile up it costs what it costs without them (issue 12
+//!    §5.9: 300,000 dead heads made every claim read all of them, 0.7 s a claim);
 //! 2. if that window holds fewer than `--batch` aggregates (a burst on one aggregate, say, or
 //!    aggregates whose heads other relays hold), a second window just past it, of the events of
 //!    the aggregates the first does not hold, looking up to 100 windows ahead: so the claim
@@ -53,8 +58,8 @@
 //! events whose transaction is below the horizon of the claim's own snapshot
 //! (`pg_snapshot_xmin`): every transaction that can still commit has an id at or past it, so
 //! nothing can later appear ahead of an event already published. The index
-//! `outbox_commit_order` on `(xid, seq)` makes the horizon an index condition: the scan stops
-//! where the events of open transactions start. Put-backs keep the event's `xid`.
+//! `outbox_commit_order` on `(xid, seq)` (of the events that are not dead) makes the horizon an
+//! index condition: the scan stops where the events of open transactions start. Put-backs keep the event's `xid`.
 //!
 //! # Bytes
 //!
@@ -109,6 +114,9 @@ WITH win1 AS MATERIALIZED (
            pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
      WHERE o.seq <= $3{eligible}
+       -- Exactly the predicate of the indexes of migration 0010: the ordered scan reads only
+       -- events that are not dead, and probes outbox_held once for each (a dead event's
+       -- aggregate is held whole, so leaving dead events out changes nothing else).
        AND o.dead_at IS NULL AND {not_held:o}
      ORDER BY {key:o}
      LIMIT $2
@@ -304,7 +312,7 @@ pub fn published_json(
 /// joined its steps with nested loops that rescanned the table or the window once per row: a
 /// burst after a quiet spell took seconds per batch instead of milliseconds. So the claim
 /// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
-/// the `outbox_held` probe), never through a join, and its transaction takes sequential and
+/// the `outbox_held` probes), never through a join, and its transaction takes sequential and
 /// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
 /// the window with itself, whatever the statistics say.
 ///
@@ -318,13 +326,13 @@ pub fn published_json(
 ///   statement that runs in milliseconds: a 100k backlog drained at a few hundred events/s
 ///   until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
 ///   ones; compiling it never pays.
-/// * `hash_mem_multiplier = 1000` (its maximum): the blocked aggregates' lookup (`NOT IN`) is
-///   hashed only if the planner *expects* it to fit in hash memory, and "almost every row" did
-///   not, so it became a rescan of the blocked rows for every row of the window — quadratic
-///   once a few thousand events are dead. The real lookup holds only the blocked aggregates,
-///   and the claim's other hashes hold at most the window, so allowing more hash memory costs
-///   nothing real; it only stops a guess from un-hashing the lookup (up to tens of millions of
-///   guessed rows at the default `work_mem`).
+/// * `hash_mem_multiplier = 1000` (its maximum): a `NOT IN` lookup is hashed only if the planner
+///   *expects* it to fit in hash memory, and "almost every row" did not, so the blocked
+///   aggregates' lookup (a `NOT IN` up to migration 0010, a probe per row since) became a rescan
+///   of the blocked rows for every row of the window — quadratic once a few thousand events
+///   were dead. The claim's hashes (the second window's lookup of the first, the joins of the
+///   window with itself) hold at most the windows, so allowing more hash memory costs nothing
+///   real; it only stops a guess from un-hashing them.
 ///
 /// Why not ANALYZE the outbox when its statistics are missing: it needs the table's owner (a
 /// relay often runs as a less privileged role), it would be stale again after the next bulk
