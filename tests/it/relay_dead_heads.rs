@@ -17,7 +17,7 @@ use crate::events::*;
 
 /// Dead events ahead of the live ones, each its own aggregate: enough that a claim reading
 /// them (about one buffer each) stands far out of the noise of one that does not.
-const DEAD: usize = 50_000;
+const DEAD: usize = 20_000;
 
 /// Live aggregates behind them, each with [`CHAIN`] events inserted interleaved (so their order
 /// is checked), plus the held aggregates of [`fill`].
