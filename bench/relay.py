@@ -181,9 +181,15 @@ def claim_script(schema):
     sql = re.sub(r"\{key:(\w)\}", r"\1.seq", sql)
     # The shared predicates ({held}, …) are constants of src/store/mod.rs, spliced in by store::sql.
     shared = dict(re.findall(r'const (\w+): &str =\s*"(.*?)";', (REPO / "src/store/mod.rs").read_text(), re.S))
+    # {not_held:X} and {agg_key:X} are for alias X ("A." in the constant), as store::sql does.
+    for alias in "op":
+        sql = sql.replace("{not_held:%s}" % alias, shared["NOT_HELD"].replace("A.", alias + ".")
+                          .replace("{agg_key:A}", "{agg_key:%s}" % alias))
+    for alias in "bop":
+        sql = sql.replace("{agg_key:%s}" % alias, shared["AGG_KEY"].replace("A.", alias + "."))
     for name, text in shared.items():
         sql = sql.replace("{" + name.lower() + "}", text)
-    if re.search(r"\{(?!s\})\w+\}", sql):
+    if re.search(r"\{(?!s\})[\w:]+\}", sql):
         die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
     for param in ("$1", "$2", "$3", "$4", "$5", "$6", "$7"):

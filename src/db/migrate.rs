@@ -76,6 +76,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "commit_order",
         sql: include_str!("../../migrations/0009_commit_order.sql"),
     },
+    Migration {
+        version: 10,
+        name: "live_events",
+        sql: include_str!("../../migrations/0010_live_events.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

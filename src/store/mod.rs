@@ -69,13 +69,36 @@ const HELD_NOW: &str = "(dead_at IS NOT NULL OR next_attempt_at > now())";
 /// `{agg_key:b}` is it for alias `b`, `{agg_key:o}` for alias `o`.
 const AGG_KEY: &str = "hashtextextended(A.aggregate_id, hashtextextended(A.aggregate_type, 0))";
 
+/// No event of the aggregate of the outbox event with alias `A` is [`HELD`] and [`HELD_NOW`]:
+/// one probe of `outbox_held` by the aggregate's hashed key ([`AGG_KEY`]) for each row it is
+/// asked of, whatever the number of held events (issue 12 §5.9: a `NOT IN` over the held
+/// events read all 300,000 dead ones on every claim). `OFFSET 0` keeps the probe a subplan
+/// evaluated per row: without it the planner pulls a correlated `NOT EXISTS` up into an anti
+/// join, or turns it into a hashed lookup, both of which read every held row. The first test,
+/// evaluated once per statement (an init plan: `OR` evaluates its arms in order), spares the
+/// probes while `outbox_held` holds no event at all, the usual case. `{not_held:o}` is it for
+/// alias `o`, `{not_held:p}` for alias `p`.
+const NOT_HELD: &str = "(NOT EXISTS (SELECT 1 FROM {s}.outbox b WHERE {held})
+        OR NOT EXISTS (SELECT 1 FROM {s}.outbox b
+                        WHERE {held} AND {agg_key:b} = {agg_key:A}
+                          AND b.aggregate_type = A.aggregate_type AND b.aggregate_id = A.aggregate_id
+                          AND {held_now}
+                       OFFSET 0))";
+
 /// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
 /// `{running_ms}`, `{queued}`, `{queued_until}` (with `$TICKET` to replace by the caller),
-/// `{live_waiter}`, `{held}`, `{held_now}`, `{agg_key:b}` / `{agg_key:o}`, then `{s}` as the
-/// quoted schema.
+/// `{live_waiter}`, `{not_held:o}` / `{not_held:p}`, `{held}`, `{held_now}`, `{agg_key:b}` /
+/// `{agg_key:o}` / `{agg_key:p}`, then `{s}` as the quoted schema.
 fn sql(schema: &Schema, template: &str) -> String {
+    let not_held = |alias: &str| {
+        NOT_HELD
+            .replace("A.", &format!("{alias}."))
+            .replace("{agg_key:A}", &format!("{{agg_key:{alias}}}"))
+    };
     schema.sql(
         &template
+            .replace("{not_held:o}", &not_held("o"))
+            .replace("{not_held:p}", &not_held("p"))
             .replace("{expired}", EXPIRED)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
             .replace("{running_ms}", RUNNING_MS)
@@ -85,6 +108,7 @@ fn sql(schema: &Schema, template: &str) -> String {
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW)
             .replace("{agg_key:b}", &AGG_KEY.replace("A.", "b."))
-            .replace("{agg_key:o}", &AGG_KEY.replace("A.", "o.")),
+            .replace("{agg_key:o}", &AGG_KEY.replace("A.", "o."))
+            .replace("{agg_key:p}", &AGG_KEY.replace("A.", "p.")),
     )
 }

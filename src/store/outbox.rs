@@ -8,8 +8,13 @@
 //! the same statement. [`claim`] is one `DELETE … RETURNING` run inside the relay's transaction:
 //!
 //! 1. a window of the oldest events (`--batch` × 2) of aggregates that are not *blocked* — whose
-//!    events are neither dead nor waiting out a retry (the `outbox_held` partial index makes that
-//!    one probe) — so a dead aggregate never holds up the others;
+//!    events are neither dead nor waiting out a retry — so a dead aggregate never holds up the
+//!    others. The window is an ordered scan of the partial index `outbox_live` (of
+//!    `outbox_commit_order` for [`Order::Commit`]), which leaves dead events out
+//!    (migrations/0010_live_events.sql), and each event it meets costs one probe of the partial
+//!    index `outbox_held` for its aggregate (none while that index is empty): the claim never
+//!    reads a dead event, so however many pile up it costs what it costs without them (issue 12
+//!    §5.9: 300,000 dead heads made every claim read all of them, 0.7 s a claim);
 //! 2. if that window holds fewer than `--batch` aggregates (a burst on one aggregate, say, or
 //!    aggregates whose heads other relays hold), a second window just past it, of the events of
 //!    the aggregates the first does not hold, looking up to 100 windows ahead: so the claim
@@ -53,8 +58,8 @@
 //! events whose transaction is below the horizon of the claim's own snapshot
 //! (`pg_snapshot_xmin`): every transaction that can still commit has an id at or past it, so
 //! nothing can later appear ahead of an event already published. The index
-//! `outbox_commit_order` on `(xid, seq)` makes the horizon an index condition: the scan stops
-//! where the events of open transactions start. Put-backs keep the event's `xid`.
+//! `outbox_commit_order` on `(xid, seq)` (of the events that are not dead) makes the horizon an
+//! index condition: the scan stops where the events of open transactions start. Put-backs keep the event's `xid`.
 //!
 //! # Bytes
 //!
@@ -128,12 +133,10 @@ WITH win1 AS MATERIALIZED (
       FROM {s}.outbox o
      WHERE o.seq <= $3{eligible}
        AND o.seq <> ALL ($6)
-       -- NOT IN over the few blocked aggregates becomes one hashed lookup per row, which keeps
-       -- the plan an ordered scan that stops after the window (NOT EXISTS would be planned as
-       -- an anti join over the whole table).
-       AND (o.aggregate_type, o.aggregate_id) NOT IN (
-            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE {held} AND {held_now})
+       -- Exactly the predicate of the indexes of migration 0010: the ordered scan reads only
+       -- events that are not dead, and probes outbox_held once for each (a dead event's
+       -- aggregate is held whole, so leaving dead events out changes nothing else).
+       AND o.dead_at IS NULL AND {not_held:o}
      ORDER BY {key:o}
      LIMIT $2
 ), win2 AS MATERIALIZED (
@@ -147,16 +150,14 @@ WITH win1 AS MATERIALIZED (
                    pg_column_size(o.payload) AS size,
                    pg_column_compression(o.payload) IS NOT NULL AS packed
               FROM {s}.outbox o
-             WHERE o.seq <= $3{eligible} AND {past} AND o.seq <> ALL ($6)
+             WHERE o.seq <= $3{eligible} AND o.dead_at IS NULL AND {past} AND o.seq <> ALL ($6)
              ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
        AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
             SELECT aggregate_type, aggregate_id FROM win1)
-       AND (p.aggregate_type, p.aggregate_id) NOT IN (
-            SELECT b.aggregate_type, b.aggregate_id FROM {s}.outbox b
-             WHERE {held} AND {held_now})
+       AND {not_held:p}
      ORDER BY {key:p}
      LIMIT $2
 ), win AS (
@@ -330,7 +331,7 @@ pub fn published_json(
 /// joined its steps with nested loops that rescanned the table or the window once per row: a
 /// burst after a quiet spell took seconds per batch instead of milliseconds. So the claim
 /// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
-/// the `outbox_held` probe), never through a join, and its transaction takes sequential and
+/// the `outbox_held` probes), never through a join, and its transaction takes sequential and
 /// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
 /// the window with itself, whatever the statistics say.
 ///
@@ -344,13 +345,13 @@ pub fn published_json(
 ///   statement that runs in milliseconds: a 100k backlog drained at a few hundred events/s
 ///   until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
 ///   ones; compiling it never pays.
-/// * `hash_mem_multiplier = 1000` (its maximum): the blocked aggregates' lookup (`NOT IN`) is
-///   hashed only if the planner *expects* it to fit in hash memory, and "almost every row" did
-///   not, so it became a rescan of the blocked rows for every row of the window — quadratic
-///   once a few thousand events are dead. The real lookup holds only the blocked aggregates,
-///   and the claim's other hashes hold at most the window, so allowing more hash memory costs
-///   nothing real; it only stops a guess from un-hashing the lookup (up to tens of millions of
-///   guessed rows at the default `work_mem`).
+/// * `hash_mem_multiplier = 1000` (its maximum): a `NOT IN` lookup is hashed only if the planner
+///   *expects* it to fit in hash memory, and "almost every row" did not, so the blocked
+///   aggregates' lookup (a `NOT IN` up to migration 0010, a probe per row since) became a rescan
+///   of the blocked rows for every row of the window — quadratic once a few thousand events
+///   were dead. The claim's hashes (the second window's lookup of the first, the joins of the
+///   window with itself) hold at most the windows, so allowing more hash memory costs nothing
+///   real; it only stops a guess from un-hashing them.
 ///
 /// Why not ANALYZE the outbox when its statistics are missing: it needs the table's owner (a
 /// relay often runs as a less privileged role), it would be stale again after the next bulk
@@ -366,7 +367,8 @@ const BEGIN_CLAIM: &str = "BEGIN;
 pub struct ClaimLimits {
     /// Events (`--batch`).
     pub batch: i64,
-    /// Payload bytes (`--batch-bytes`); the first event is taken whatever its size.
+    /// Payload bytes (`--batch-bytes`); the first event is taken whatever its size, except when
+    /// claiming ahead.
     pub bytes: i64,
     /// The highest `seq` to consider (`--once` stops at what existed when it started).
     pub up_to_seq: i64,
@@ -388,6 +390,48 @@ pub async fn claim(
     reach: bool,
     after: Option<&[Claimed]>,
 ) -> Result<Vec<Claimed>, tokio_postgres::Error> {
+    let rows = begin_and_claim(client, schema, limits, reach, after, "").await?;
+    let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
+    match limits.order {
+        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
+        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
+    }
+    Ok(claimed)
+}
+
+/// What [`claim`] does, as `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` shows it: the same
+/// statement with the same parameters in a transaction opened the same way, run and then rolled
+/// back, so nothing is claimed. For tests and benchmarks: which plan the claim gets, and how many
+/// rows and buffers it touches (`[0]["Plan"]` counts those of the whole statement).
+pub async fn explain_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: bool,
+) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let rows = begin_and_claim(
+        client,
+        schema,
+        limits,
+        reach,
+        None,
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ",
+    )
+    .await?;
+    rollback(client).await?;
+    Ok(rows.first().map(|r| r.get(0)).unwrap_or_default())
+}
+
+/// [`BEGIN_CLAIM`] and the claim statement (after `prefix`), in one round trip; on error the
+/// transaction is rolled back.
+async fn begin_and_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: bool,
+    after: Option<&[Claimed]>,
+    prefix: &str,
+) -> Result<Vec<Row>, tokio_postgres::Error> {
     let ClaimLimits {
         batch,
         bytes,
@@ -400,7 +444,7 @@ pub async fn claim(
     } else {
         0
     };
-    let claim = order.claim_sql(schema);
+    let claim = format!("{prefix}{}", order.claim_sql(schema));
     let gone: Vec<i64> = after
         .unwrap_or_default()
         .iter()
@@ -421,19 +465,13 @@ pub async fn claim(
         client.query_typed(&claim, &params)
     );
     begun?;
-    let rows = match rows {
-        Ok(rows) => rows,
+    match rows {
+        Ok(rows) => Ok(rows),
         Err(e) => {
             let _ = rollback(client).await;
-            return Err(e);
+            Err(e)
         }
-    };
-    let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
-    match order {
-        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
-        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
     }
-    Ok(claimed)
 }
 
 /// Checks that a batch's transaction is still open on its connection (one round trip): a
@@ -722,12 +760,13 @@ pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Horizon {
     pub xmin: i64,
-    /// Some visible (so committed) event has an `xid` at or past the horizon: `--order commit`
-    /// may not publish it yet.
+    /// Some visible (so committed) event that is not dead has an `xid` at or past the horizon:
+    /// `--order commit` may not publish it yet.
     pub held: bool,
 }
 
-/// Reads the [`Horizon`]: one probe of `outbox_commit_order` from the horizon on.
+/// Reads the [`Horizon`]: one probe of `outbox_commit_order` (live events only: a dead one is
+/// not waiting for the horizon, and the index leaves it out) from the horizon on.
 pub async fn commit_horizon(client: &Client, schema: &Schema) -> Result<Horizon> {
     let row = client
         .query_typed_one(
@@ -735,7 +774,8 @@ pub async fn commit_horizon(client: &Client, schema: &Schema) -> Result<Horizon>
                 schema,
                 "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin,
                         EXISTS (SELECT 1 FROM {s}.outbox o
-                                 WHERE o.xid >= pg_snapshot_xmin(pg_current_snapshot())) AS held",
+                                 WHERE o.xid >= pg_snapshot_xmin(pg_current_snapshot())
+                                   AND o.dead_at IS NULL) AS held",
             ),
             &[],
         )

@@ -172,18 +172,20 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9"
+        "1,2,3,4,5,6,7,8,9,10"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 9\n", env.schema)
+        format!("schema \"{}\" is at version 10\n", env.schema)
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0009, 0008, 0006, 0005, 0004 and 0003
-/// add, removed; 0007 only recreates the trigger).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 9;
+/// Takes a current schema back to version 2 (what migrations 0010, 0009, 0008, 0006, 0005, 0004
+/// and 0003 add, removed; 0007 only recreates the trigger).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 10;
+     DROP INDEX outbox_live;
+     DELETE FROM schema_migrations WHERE version = 9;
      DROP INDEX outbox_commit_order; ALTER TABLE outbox DROP COLUMN xid;
      DELETE FROM schema_migrations WHERE version = 8;
      ALTER TABLE leases DROP COLUMN preempted_token, DROP COLUMN idle_token;
@@ -222,7 +224,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9"
+        "1,2,3,4,5,6,7,8,9,10"
     );
     assert_eq!(
         env.scalar(&format!(
@@ -237,6 +239,16 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
             env.schema
         )),
         "0"
+    );
+    // Migration 0010: the claim's indexes over live events only.
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT string_agg(indexname || ' ' || substring(indexdef FROM '\\(.*'), '; ' ORDER BY indexname)
+               FROM pg_indexes
+              WHERE schemaname = '{}' AND indexname IN ('outbox_live', 'outbox_commit_order')",
+            env.schema
+        )),
+        "outbox_commit_order (xid, seq) WHERE (dead_at IS NULL); outbox_live (seq) WHERE (dead_at IS NULL)"
     );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");

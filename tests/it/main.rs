@@ -34,6 +34,7 @@ mod queue;
 mod relay;
 mod relay_ahead;
 mod relay_backlog;
+mod relay_dead_heads;
 mod relay_faults;
 mod relay_order;
 mod relay_sinks;
