@@ -22,8 +22,9 @@ Measured:
               that was never analyzed, beside the same floor) — wall time of the whole
               process, start to exit — against the floor: the relay's own claim statement (the
               CLAIM constant read from src/store/outbox.rs, 1000 rows per statement, window 2000, max
-              seq i64::MAX, reach 0: the relay looks past its window only while that finds something) run by `pgbench -M prepared` from one persistent connection in
-              autocommit until the table is empty. Each round fills a fresh schema (then VACUUM
+              seq i64::MAX, reach 0: the relay looks past its window only while that finds something) run by `pgbench -M prepared` from one persistent connection,
+              each in the transaction the relay opens for it (BEGIN_CLAIM's planner settings),
+              until the table is empty. Each round fills a fresh schema (then VACUUM
               ANALYZE, except for the never-analyzed one) for every candidate, in an order rotated from round to round; the figures
               are medians over the rounds, and every ratio is relay/floor of the same rounds.
               Sinks: stdout (to /dev/null), amqp (publisher confirms, a durable queue bound with
@@ -165,7 +166,8 @@ def real_binary(tool):
 
 
 def claim_script(schema):
-    """The relay's CLAIM statement, as a pgbench script with :batch, :window, :maxseq and :reach."""
+    """The relay's CLAIM statement in its transaction, as a pgbench script with :batch, :window,
+    :maxseq, :reach and :bytes."""
     src = (REPO / "src/store/outbox.rs").read_text()
     m = re.search(r'const CLAIM: &str = "(.*?)";', src, re.S)
     if not m:
@@ -199,7 +201,13 @@ def claim_script(schema):
     # may come back empty; the floor is a plain claim: nothing excluded, the first event always.
     sql = sql.replace("$6", "'{}'::int8[]").replace("$7", "true")
     sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach").replace("$5", ":bytes")
-    return sql + ";\n"
+    # In the transaction the relay opens for it (BEGIN_CLAIM: its planner settings), one
+    # command a line, since pgbench -M prepared prepares each command on its own.
+    m = re.search(r'const BEGIN_CLAIM: &str = "(.*?)";', src, re.S)
+    if not m:
+        die("cannot find the BEGIN_CLAIM constant in src/store/outbox.rs")
+    begin = "".join(c.strip() + ";\n" for c in m.group(1).split(";") if c.strip())
+    return begin + sql + ";\nCOMMIT;\n"
 
 
 # ----------------------------------------------------------------------------------------------
