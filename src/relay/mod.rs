@@ -8,8 +8,9 @@
 //! marked delivered before the sink confirmed it, and a relay that dies mid-batch loses
 //! nothing: its transaction rolls back and the events are published again (at-least-once).
 //!
-//! While batches come back full (a backlog) and every event of one was delivered, the next
-//! batch is claimed on a second connection while this one is published ([`Ahead`]; the
+//! While batches come back full (a backlog), publishing takes longer than claiming, and every
+//! event of a batch was delivered, the next batch is claimed on a second connection while this
+//! one is published ([`Ahead`]; the
 //! statement's side is "Claiming ahead" in [`outbox`]), so the sink never waits for the
 //! database between batches. The two batches commit in order, and the second is published only
 //! after the first committed.
@@ -132,6 +133,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         horizon_at: None,
         horizon_warned: Vec::new(),
         deleted_since_horizon: 0,
+        took: None,
         cfg,
     };
     // Before `--once` fixes what it drains, so the incidents it opens are published too.
@@ -196,6 +198,11 @@ struct Relay {
     horizon_warned: Vec<Option<i32>>,
     /// Events deleted since that look: without them no dead rows pile up behind the holder.
     deleted_since_horizon: u64,
+    /// How long the last batch's claim and its publication took: claiming ahead pays only
+    /// where publishing takes longer than claiming (a broker, a webhook), not where the claim
+    /// is the slow part (stdout), which claiming ahead makes slower still — it reads past the
+    /// batch in hand. None before the first batch: claim ahead, and see.
+    took: Option<(Duration, Duration)>,
 }
 
 /// What one batch did.
@@ -239,8 +246,8 @@ impl Conn {
 struct Ahead {
     /// Opened when first needed; dropped when a statement on it failed (opened again later).
     spare: Option<Db>,
-    /// The next batch and the connection its transaction is on.
-    next: Option<(Conn, Vec<Claimed>)>,
+    /// The next batch, the connection its transaction is on, and how long its claim took.
+    next: Option<(Conn, Vec<Claimed>, Duration)>,
     /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
     failed_at: Option<Instant>,
 }
@@ -260,7 +267,7 @@ impl Ahead {
     /// batches go.
     fn free<'a>(&'a self, db: &'a Db) -> &'a Db {
         match (&self.next, &self.spare) {
-            (Some((Conn::Main, _)), Some(spare)) => spare,
+            (Some((Conn::Main, _, _)), Some(spare)) => spare,
             _ => db,
         }
     }
@@ -269,10 +276,10 @@ impl Ahead {
     /// the batch before it was published, and its session may have been ended meanwhile (by
     /// `idle_in_transaction_session_timeout`, say): its events are then back in the outbox, for
     /// any relay to claim, and must not be published from here. One round trip tells.
-    async fn take_next(&mut self, db: &Db) -> Option<(Conn, Vec<Claimed>)> {
-        let (conn, next) = self.next.take()?;
+    async fn take_next(&mut self, db: &Db) -> Option<(Conn, Vec<Claimed>, Duration)> {
+        let (conn, next, took) = self.next.take()?;
         match outbox::ping(&self.conn(db, conn).client).await {
-            Ok(()) => Some((conn, next)),
+            Ok(()) => Some((conn, next, took)),
             Err(e) => {
                 info!(
                     "the batch claimed ahead was lost with its session ({}); claiming again",
@@ -291,7 +298,7 @@ impl Ahead {
     /// were. A failure on the main connection is returned (the relay then reconnects, which
     /// ends that transaction too); the second connection is simply dropped.
     async fn roll_back(&mut self, db: &Db) -> Result<(), tokio_postgres::Error> {
-        let Some((conn, _)) = self.next.take() else {
+        let Some((conn, _, _)) = self.next.take() else {
             return Ok(());
         };
         match (outbox::rollback(&self.conn(db, conn).client).await, conn) {
@@ -455,13 +462,14 @@ impl Relay {
             up_to_seq: self.up_to_seq,
             order: self.cfg.order,
         };
-        let (on, claimed) = match ahead.take_next(db).await {
-            Some(next) => next,
+        let (on, claimed, claim_took) = match ahead.take_next(db).await {
+            Some((on, claimed, took)) => (on, claimed, took),
             None => {
                 let reach = self.reach_now();
+                let started = Instant::now();
                 let claimed = outbox::claim(&db.client, &db.schema, limits, reach, None).await?;
                 self.reach_next = reach_next(self.cfg.batch, &claimed);
-                (Conn::Main, claimed)
+                (Conn::Main, claimed, started.elapsed())
             }
         };
         if claimed.is_empty() {
@@ -475,6 +483,7 @@ impl Relay {
         let bytes: i64 = claimed.iter().map(|c| c.event.payload.len() as i64).sum();
         let next_on = if (claimed.len() as i64) == self.cfg.batch
             && bytes <= self.cfg.batch_bytes / 2
+            && worth_claiming_ahead(self.took)
             && !stop.is_cancelled()
         {
             self.ready_to_claim_ahead(db, ahead, on.other()).await
@@ -496,23 +505,29 @@ impl Relay {
             let ahead = &*ahead;
             let claim_next = async {
                 let conn = ahead.conn(db, next_on?);
-                Some(
+                let started = Instant::now();
+                let next =
                     outbox::claim(&conn.client, &db.schema, next_limits, reach, Some(&claimed))
-                        .await,
-                )
+                        .await;
+                Some((next, started.elapsed()))
             };
-            tokio::join!(publisher.publish(&claimed), claim_next)
+            let publish = async {
+                let started = Instant::now();
+                (publisher.publish(&claimed).await, started.elapsed())
+            };
+            tokio::join!(publish, claim_next)
         };
-        let (settled, sink_down) = published;
+        let ((settled, sink_down), publish_took) = published;
+        self.took = Some((claim_took, publish_took));
         let delivered = settled
             .iter()
             .filter(|s| matches!(s, Settle::Delivered))
             .count();
-        if let (Some(conn), Some(next)) = (next_on, next) {
+        if let (Some(conn), Some((next, took))) = (next_on, next) {
             match next {
                 Ok(next) => {
                     self.reach_next = reach_next(self.cfg.batch, &next);
-                    ahead.next = Some((conn, next));
+                    ahead.next = Some((conn, next, took));
                 }
                 Err(e) => {
                     info!(
@@ -533,7 +548,7 @@ impl Relay {
             && ahead
                 .next
                 .as_ref()
-                .is_some_and(|(_, next)| !next.is_empty());
+                .is_some_and(|(_, next, _)| !next.is_empty());
         if !keep {
             ahead.roll_back(db).await?;
         }
@@ -845,6 +860,12 @@ impl Relay {
     }
 }
 
+/// Whether claiming the next batch ahead pays, from how long the last batch's claim and
+/// publication took (`None`: no batch yet): only where publishing is the slower part.
+fn worth_claiming_ahead(took: Option<(Duration, Duration)>) -> bool {
+    took.is_none_or(|(claim, publish)| publish > claim)
+}
+
 /// Whether the claim after one that found `claimed` should look past its window
 /// ([`Relay::reach_now`]): it came back short, or found something there.
 fn reach_next(batch: i64, claimed: &[Claimed]) -> bool {
@@ -876,5 +897,19 @@ fn describe(h: &Holder) -> String {
         who
     } else {
         format!("{who} ({})", parts.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claiming_ahead_pays_only_where_publishing_is_slower_than_claiming() {
+        let ms = Duration::from_millis;
+        assert!(worth_claiming_ahead(None), "the first batch tries");
+        assert!(worth_claiming_ahead(Some((ms(8), ms(60)))), "a broker");
+        assert!(!worth_claiming_ahead(Some((ms(8), ms(1)))), "stdout");
+        assert!(!worth_claiming_ahead(Some((ms(8), ms(8)))));
     }
 }
