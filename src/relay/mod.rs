@@ -566,8 +566,11 @@ impl Relay {
                     }
                 );
             }
-            // The batch claimed ahead continues this one, which may not be gone either.
-            let _ = ahead.roll_back(db).await;
+            // The batch claimed ahead continues this one, which may not be gone either: its
+            // transaction must end uncommitted. Not with a ROLLBACK that could wait on a server
+            // gone silent: the caller reconnects the main connection or exits, and this drops
+            // the second one; either way the server ends the transaction with its session.
+            ahead.reset();
             return Err(failed.error.into());
         }
         publisher.report_failures(&claimed, &settled);
