@@ -285,10 +285,7 @@ impl Ahead {
                     "the batch claimed ahead was lost with its session ({}); claiming again",
                     db::reason(&e)
                 );
-                if conn == Conn::Spare {
-                    self.spare = None;
-                }
-                // A main connection that failed tells at its next statement.
+                self.failed(conn);
                 None
             }
         }
@@ -308,6 +305,14 @@ impl Ahead {
                 self.spare = None;
                 Ok(())
             }
+        }
+    }
+
+    /// A statement on `conn` failed: the second connection is dropped (and opened again when
+    /// next needed); a main connection that failed tells at its next statement.
+    fn failed(&mut self, conn: Conn) {
+        if conn == Conn::Spare {
+            self.spare = None;
         }
     }
 
@@ -534,10 +539,7 @@ impl Relay {
                         "could not claim the next batch ahead ({}); claiming it after this one",
                         db::reason(&e)
                     );
-                    // A main connection that failed tells at its next statement.
-                    if conn == Conn::Spare {
-                        ahead.spare = None;
-                    }
+                    ahead.failed(conn);
                 }
             }
         }
