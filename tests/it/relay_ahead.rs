@@ -1,8 +1,9 @@
 //! The relay claims its next batch on a second connection while it publishes one ("Claiming
 //! ahead" in src/store/outbox.rs): that it does, that the two batches stay within
 //! `--batch-bytes`, that a refusal in the batch in hand puts the batch claimed ahead back before
-//! anything of it is published, and that a batch claimed ahead whose session was ended is
-//! claimed again rather than published.
+//! anything of it is published, that a batch claimed ahead whose session was ended is claimed
+//! again rather than published, and that when the batch in hand cannot commit, the one claimed
+//! ahead is not committed either.
 //!
 //! What a relay's open transactions hold is read from another session through `xmax`: a row
 //! that an open transaction deleted is still visible to others, with that transaction's id as
@@ -228,4 +229,53 @@ fn a_batch_claimed_ahead_whose_session_ended_is_claimed_again_not_published() {
     got.sort_unstable();
     assert_eq!(got, (1..=6).collect::<Vec<_>>(), "each event exactly once");
     assert_eq!(outbox_count(&env), 0);
+}
+
+#[test]
+fn a_batch_whose_commit_fails_takes_the_batch_claimed_ahead_down_with_it() {
+    let env = migrated();
+    // a1 b1 c1 d1 a2 b2 c2 d2: the batch in hand is the first four, the one claimed ahead the rest.
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', chr(96 + (g - 1) % 4 + 1), 'order.paid', jsonb_build_object('n', g)
+           FROM generate_series(1, 8) g",
+    );
+    let sink = gated_sink(&env);
+    let relay = spawn(&env, &["--batch", "4", "--poll", "50ms", "--sink", &sink]);
+    wait_for_file_exists(&env.path("started"));
+    wait_for_batches(
+        &env,
+        "the next batch claimed ahead",
+        &[&[1, 2, 3, 4], &[5, 6, 7, 8]],
+    );
+    // The batch in hand's session ends: its commit fails after its events were published.
+    let ended = env.scalar(
+        "SELECT pg_terminate_backend(a.pid)::text FROM pg_stat_activity a
+          WHERE a.backend_xid::text = (SELECT xmax::text FROM outbox
+                                        WHERE (payload->>'n')::int = 1)",
+    );
+    assert_eq!(ended, "true");
+    env.open_gate();
+    wait_for("every event delivered and the outbox empty", || {
+        outbox_count(&env) == 0 && delivered(&env).len() >= 8
+    });
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stderr(&o).contains("reconnected"), "{}", stderr(&o));
+    // At least once, and an aggregate's second event only after the last copy of its first.
+    let got = delivered(&env);
+    for agg in ["a", "b", "c", "d"] {
+        let seen: Vec<u64> = got
+            .iter()
+            .filter(|(a, _)| a == agg)
+            .map(|(_, n)| *n)
+            .collect();
+        let last_first = seen.iter().rposition(|&n| n <= 4);
+        let first_second = seen.iter().position(|&n| n > 4);
+        assert!(
+            last_first.is_some() && first_second.is_some() && last_first < first_second,
+            "aggregate {agg}: {seen:?} (all: {got:?})"
+        );
+    }
 }
