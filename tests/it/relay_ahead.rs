@@ -3,13 +3,14 @@
 //! `--batch-bytes`, that a refusal in the batch in hand puts the batch claimed ahead back before
 //! anything of it is published, that a batch claimed ahead whose session was ended is claimed
 //! again rather than published, and that when the batch in hand cannot commit, the one claimed
-//! ahead is not committed either.
+//! ahead is not committed either; and under SIGKILL and a closed stdout nothing is lost.
 //!
 //! What a relay's open transactions hold is read from another session through `xmax`: a row
 //! that an open transaction deleted is still visible to others, with that transaction's id as
 //! its `xmax` (reading it takes no lock, so it cannot get in the relay's way). A row whose
 //! deleter rolled back keeps that `xmax` too, so only the ids of transactions still open count.
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 
 use serde_json::Value;
@@ -278,4 +279,47 @@ fn a_batch_whose_commit_fails_takes_the_batch_claimed_ahead_down_with_it() {
             "aggregate {agg}: {seen:?} (all: {got:?})"
         );
     }
+}
+
+#[test]
+fn a_sigkilled_relay_leaves_both_its_batches_in_the_outbox() {
+    let env = migrated();
+    insert_padded(&env, 1, 8, 10);
+    let sink = gated_sink(&env);
+    let relay = spawn(&env, &["--once", "--batch", "2", "--sink", &sink]);
+    wait_for_file_exists(&env.path("started"));
+    wait_for_batches(&env, "the next batch claimed ahead", &[&[1, 2], &[3, 4]]);
+    kill(relay.child.id(), libc::SIGKILL);
+    let o = relay.finish();
+    assert_eq!(o.status.signal(), Some(libc::SIGKILL));
+    // Both sessions end with the process: nothing is held, nothing was deleted.
+    wait_for_batches(&env, "both transactions rolled back", &[]);
+    assert_eq!(outbox_count(&env), 8);
+    assert!(delivered(&env).is_empty(), "the gate was never opened");
+    // A later relay delivers every event once.
+    env.open_gate();
+    let o = env.run(&["relay", "--once", "--batch", "2", "--sink", &sink]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let mut got: Vec<u64> = delivered(&env).into_iter().map(|(_, n)| n).collect();
+    got.sort_unstable();
+    assert_eq!(got, (1..=8).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_closed_stdout_puts_back_the_batch_claimed_ahead_too() {
+    // The first full batch claims ahead (nothing is known of the sink yet); its first write
+    // fails on the closed pipe, and neither batch may count as delivered.
+    let env = migrated();
+    insert_padded(&env, 1, 10, 10);
+    let mut child = env
+        .command()
+        .args(["relay", "--once", "--batch", "2", "--sink", "stdout"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = finish(child);
+    assert_one_line_error(&o, 69, "stdout");
+    assert_eq!(outbox_count(&env), 10, "nothing may be marked delivered");
 }
