@@ -298,13 +298,13 @@ impl Ahead {
         let Some((conn, _, _)) = self.next.take() else {
             return Ok(());
         };
-        match (outbox::rollback(&self.conn(db, conn).client).await, conn) {
-            (Ok(()), _) => Ok(()),
-            (Err(e), Conn::Main) => Err(e),
-            (Err(_), Conn::Spare) => {
-                self.spare = None;
+        match outbox::rollback(&self.conn(db, conn).client).await {
+            Err(e) if conn == Conn::Main => Err(e),
+            Err(_) => {
+                self.failed(conn);
                 Ok(())
             }
+            Ok(()) => Ok(()),
         }
     }
 
@@ -468,7 +468,7 @@ impl Relay {
             order: self.cfg.order,
         };
         let (on, claimed, claim_took) = match ahead.take_next(db).await {
-            Some((on, claimed, took)) => (on, claimed, took),
+            Some(next) => next,
             None => {
                 let reach = self.reach_now();
                 let started = Instant::now();
