@@ -401,9 +401,10 @@ leasectl.target.recovered when it ends, exactly once however many relays run.
 Sinks:
   stdout                         one JSON object per line
   exec:COMMAND                   sh -c COMMAND per event, event JSON on stdin; exit 0 = delivered
-  amqp://user:pw@host/vhost[?exchange=NAME]
+  amqp://user:pw@host/vhost[?exchange=NAME&properties=full]
                                  RabbitMQ topic exchange (default leasectl), routing key = type,
-                                 persistent, mandatory, publisher confirms
+                                 persistent, mandatory, publisher confirms, message_id = event id;
+                                 properties=full adds type, app_id and aggregate headers
   nats://host:4222[?subject=PREFIX&stream=NAME]
                                  JetStream PREFIX.TYPE (default leasectl, stream LEASECTL),
                                  Nats-Msg-Id = event id

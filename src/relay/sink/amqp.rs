@@ -2,10 +2,18 @@
 //!
 //! Each event is published to the exchange named by `?exchange=NAME` (default `leasectl`; the
 //! parameter is ours and removed before lapin sees the URL) with routing key = event type,
-//! `mandatory`, persistent (delivery mode 2), `message_id` = event id, `type` = event type,
-//! `content_type` `application/json`, `app_id` `leasectl` and the headers `aggregate_type` and
-//! `aggregate_id`; the body is the event JSON. An event is delivered once the broker confirmed
-//! it — and was able to route it.
+//! `mandatory`, persistent (delivery mode 2), `message_id` = event id and `content_type`
+//! `application/json`; the body is the event JSON. An event is delivered once the broker
+//! confirmed it — and was able to route it.
+//!
+//! `?properties=full` adds `type` = event type, `app_id` `leasectl` and the headers
+//! `aggregate_type` and `aggregate_id`, for consumers that route or shard on them (a headers
+//! exchange, a consistent-hash exchange's `hash-header`) without reading the body. They are not
+//! the default because of what they cost the broker: RabbitMQ keeps a message's encoded
+//! properties of up to 64 bytes on the process heap (an Erlang heap binary) and larger ones as
+//! reference-counted binaries, and past that line every persistent message costs it about a
+//! quarter more CPU (docs/BENCHMARKS.md, "the 64-byte line"). The default set is 57 bytes
+//! whatever the event — the id is a UUID — and everything the full set adds is in the body.
 //!
 //! With `--format cloudevents` the message is in CloudEvents' binary mode, per the AMQP binding
 //! carried over to AMQP 0-9-1 as RabbitMQ maps AMQP 1.0 application properties to and from
@@ -89,6 +97,15 @@ pub const DEFAULT_EXCHANGE: &str = "leasectl";
 /// How many idle channels a connection keeps for reuse (the relay's parallelism for brokers).
 const MAX_IDLE_CHANNELS: usize = 64;
 
+/// Which message properties are published (`?properties=compact|full`, default `compact`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Properties {
+    /// `message_id`, `content_type` and `delivery_mode`: 57 bytes, within RabbitMQ's cheap path.
+    Compact,
+    /// Also `type`, `app_id` and the `aggregate_type` and `aggregate_id` headers.
+    Full,
+}
+
 /// Query parameters lapin itself understands; anything else (but our `exchange`) is refused so
 /// a typo such as `?exchnage=` does not silently publish to the default exchange.
 const LAPIN_QUERY_PARAMS: [&str; 5] = [
@@ -105,6 +122,7 @@ pub struct Spec {
     /// The broker URL without our `exchange` parameter.
     pub url: String,
     pub exchange: String,
+    pub properties: Properties,
     /// `url`, checked and parsed.
     uri: AMQPUri,
 }
@@ -114,20 +132,29 @@ impl std::fmt::Debug for Spec {
         f.debug_struct("Spec")
             .field("url", &super::redact(&self.url))
             .field("exchange", &self.exchange)
+            .field("properties", &self.properties)
             .finish_non_exhaustive()
     }
 }
 
 impl Spec {
-    /// Parses `amqp[s]://[user[:password]@]host[:port][/vhost][?exchange=NAME&…]`. The error
-    /// is one line and never repeats the password.
+    /// Parses
+    /// `amqp[s]://[user[:password]@]host[:port][/vhost][?exchange=NAME&properties=compact|full&…]`.
+    /// The error is one line and never repeats the password.
     pub fn parse(url: &str) -> Result<Spec, String> {
-        let (url, ours) = super::take_query_params(url, &["exchange"]);
-        let exchange = ours
-            .into_iter()
-            .find(|(k, _)| k == "exchange")
-            .map_or_else(|| DEFAULT_EXCHANGE.to_owned(), |(_, v)| v);
+        let (url, ours) = super::take_query_params(url, &["exchange", "properties"]);
+        let ours = |key: &str| ours.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        let exchange = ours("exchange").unwrap_or(DEFAULT_EXCHANGE).to_owned();
         let shown = super::redact(&url);
+        let properties = match ours("properties") {
+            None | Some("compact") => Properties::Compact,
+            Some("full") => Properties::Full,
+            Some(other) => {
+                return Err(format!(
+                    "AMQP URL {shown}: properties must be compact or full, not '{other}'"
+                ))
+            }
+        };
 
         if let Some((_, query)) = url.split_once('?') {
             let query = query.split('#').next().unwrap_or_default();
@@ -135,7 +162,7 @@ impl Spec {
                 let key = key.split('=').next().unwrap_or_default();
                 if !LAPIN_QUERY_PARAMS.contains(&key) {
                     return Err(format!(
-                        "AMQP URL {shown}: unknown parameter '{key}' (expected exchange, {})",
+                        "AMQP URL {shown}: unknown parameter '{key}' (expected exchange, properties, {})",
                         LAPIN_QUERY_PARAMS.join(", ")
                     ));
                 }
@@ -159,7 +186,12 @@ impl Spec {
                 "AMQP URL {shown}: the exchange name must be 1-255 bytes without control characters"
             ));
         }
-        Ok(Spec { url, exchange, uri })
+        Ok(Spec {
+            url,
+            exchange,
+            properties,
+            uri,
+        })
     }
 
     /// How the sink is named in messages, without any password.
@@ -260,7 +292,12 @@ impl Amqp {
         let leader = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
             forming.push(Waiting {
-                properties: properties(event, &routing_key, &self.opts.format),
+                properties: properties(
+                    event,
+                    &routing_key,
+                    &self.opts.format,
+                    self.spec.properties,
+                ),
                 routing_key,
                 id: event.id.to_string(),
                 body: self.opts.format.body(event).into_bytes(),
@@ -650,7 +687,12 @@ impl Link {
 }
 
 /// The message properties of `event`'s publication.
-fn properties(event: &Event, routing_key: &ShortString, format: &Format) -> BasicProperties {
+fn properties(
+    event: &Event,
+    routing_key: &ShortString,
+    format: &Format,
+    set: Properties,
+) -> BasicProperties {
     let mut headers = FieldTable::default();
     for (name, value) in format.attributes(event) {
         // `datacontenttype` is the `content-type` property below.
@@ -661,6 +703,18 @@ fn properties(event: &Event, routing_key: &ShortString, format: &Format) -> Basi
             );
         }
     }
+    let compact = BasicProperties::default()
+        .with_message_id(event.id.to_string().into())
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2);
+    if set == Properties::Compact {
+        // An empty table is still encoded (4 bytes, and the broker decodes it): leave it out.
+        return if headers.inner().is_empty() {
+            compact
+        } else {
+            compact.with_headers(headers)
+        };
+    }
     headers.insert(
         "aggregate_type".into(),
         AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),
@@ -669,11 +723,8 @@ fn properties(event: &Event, routing_key: &ShortString, format: &Format) -> Basi
         "aggregate_id".into(),
         AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
     );
-    BasicProperties::default()
-        .with_message_id(event.id.to_string().into())
+    compact
         .with_type(routing_key.clone())
-        .with_content_type("application/json".into())
-        .with_delivery_mode(2)
         .with_app_id("leasectl".into())
         .with_headers(headers)
 }
@@ -718,6 +769,12 @@ mod tests {
         assert_eq!(s.uri.vhost, "vh");
         let s = Spec::parse("AMQPS://h").unwrap();
         assert_eq!(s.uri.authority.port, 5671);
+        assert_eq!(s.properties, Properties::Compact);
+        let s = Spec::parse("amqp://h/?properties=full&exchange=x").unwrap();
+        assert_eq!((s.properties, s.exchange.as_str()), (Properties::Full, "x"));
+        assert_eq!(s.url, "amqp://h/");
+        let s = Spec::parse("amqp://h/?properties=compact").unwrap();
+        assert_eq!(s.properties, Properties::Compact);
     }
 
     #[test]
@@ -740,10 +797,44 @@ mod tests {
             "amqp://u:s3cret@h/?exchnage=x",
             "amqp://u:s3cret@h/?exchange=",
             "amqp://u:s3cret@h/?auth_mechanism=magic",
+            "amqp://u:s3cret@h/?properties=all",
         ] {
             let e = Spec::parse(bad).unwrap_err();
             assert!(!e.contains("s3cret") && !e.contains('\n'), "{bad}: {e}");
             assert!(e.contains("AMQP URL"), "{bad}: {e}");
+        }
+    }
+
+    /// The size of `props` on the wire, encoded by lapin's own encoder.
+    fn encoded_len(props: &BasicProperties) -> usize {
+        let (buf, _) = cookie_factory::gen(
+            lapin::protocol::basic::gen_properties(props),
+            Vec::new(),
+        )
+        .unwrap();
+        buf.len()
+    }
+
+    #[test]
+    fn compact_properties_stay_within_the_brokers_64_bytes() {
+        let event = |event_type: &str, aggregate_id: &str| Event {
+            seq: 1,
+            id: uuid::Uuid::new_v4(),
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: event_type.into(),
+            payload: "{}".into(),
+            created_at: std::time::SystemTime::now(),
+        };
+        let long = event(&"t".repeat(255), &"x".repeat(3000));
+        let short = event("order.paid", "123");
+        for e in [&long, &short] {
+            let key = ShortString::from(e.event_type.clone());
+            let compact = properties(e, &key, &Format::Json, Properties::Compact);
+            assert_eq!(encoded_len(&compact), 57, "whatever the event");
+            // What the full set costs even a short event: past the line.
+            let full = properties(e, &key, &Format::Json, Properties::Full);
+            assert!(encoded_len(&full) > 64, "{}", encoded_len(&full));
         }
     }
 
