@@ -807,11 +807,8 @@ mod tests {
 
     /// The size of `props` on the wire, encoded by lapin's own encoder.
     fn encoded_len(props: &BasicProperties) -> usize {
-        let (buf, _) = cookie_factory::gen(
-            lapin::protocol::basic::gen_properties(props),
-            Vec::new(),
-        )
-        .unwrap();
+        let (buf, _) =
+            cookie_factory::gen(lapin::protocol::basic::gen_properties(props), Vec::new()).unwrap();
         buf.len()
     }
 
