@@ -703,30 +703,28 @@ fn properties(
             );
         }
     }
-    let compact = BasicProperties::default()
+    let mut props = BasicProperties::default()
         .with_message_id(event.id.to_string().into())
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
-    if set == Properties::Compact {
-        // An empty table is still encoded (4 bytes, and the broker decodes it): leave it out.
-        return if headers.inner().is_empty() {
-            compact
-        } else {
-            compact.with_headers(headers)
-        };
+    if set == Properties::Full {
+        headers.insert(
+            "aggregate_type".into(),
+            AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),
+        );
+        headers.insert(
+            "aggregate_id".into(),
+            AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
+        );
+        props = props
+            .with_type(routing_key.clone())
+            .with_app_id("leasectl".into());
     }
-    headers.insert(
-        "aggregate_type".into(),
-        AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),
-    );
-    headers.insert(
-        "aggregate_id".into(),
-        AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
-    );
-    compact
-        .with_type(routing_key.clone())
-        .with_app_id("leasectl".into())
-        .with_headers(headers)
+    // An empty table is still encoded (4 bytes, and the broker decodes it): leave it out.
+    if !headers.inner().is_empty() {
+        props = props.with_headers(headers);
+    }
+    props
 }
 
 /// Whether a failed publication was the broker refusing *this message* by closing the channel
