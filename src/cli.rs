@@ -373,7 +373,9 @@ $LEASECTL_EVENTS, checked, so shell jobs need no JSON quoting. leasectl inserts 
 in the same transaction that stores the run's result, after the run's own event and in file
 order: they exist if and only if the run was stored by the lease's current holder (a run that
 lost its lease stores none; its `lost` record keeps them). A malformed line written by other
-means, or more than --events-limit bytes, stores the run without any of them and exits 65.
+means, more than --events-limit bytes, or anything but a regular file left at that path (a FIFO,
+a symbolic link, a directory; never opened in a way that could block) stores the run without any
+of them and exits 65.
 Outside `leasectl run` it is a usage error (exit 2).
 
 Examples:
