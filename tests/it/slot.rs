@@ -355,6 +355,35 @@ fn until_success_lets_a_failed_slot_run_again_and_a_success_close_it() {
     assert_eq!(runs[0]["done_by"], runs[1]["run_id"]);
 }
 
+/// A run stopped by `--timeout` ran in its slot and ended: it did the slot (at most one run
+/// per slot), so the next caller of that slot skips — unless `--until-success`.
+#[test]
+fn a_timed_out_run_does_its_slot() {
+    let env = Env::new();
+    let timed_out = slot_run(
+        &env,
+        "slow",
+        "0 2 * * *",
+        &["--timeout", "200ms"],
+        &job(&env, "sleep 30;"),
+    );
+    assert_eq!(code(&timed_out), 124, "{}", stderr(&timed_out));
+    let next = slot_run(&env, "slow", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&next), 0, "{}", stderr(&next));
+    assert_eq!(
+        runs_counted(&env),
+        1,
+        "the slot was done by the timed-out run"
+    );
+    let runs = runs_json(&env, "slow");
+    let outcomes: Vec<_> = runs
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["skipped", "timed_out"]);
+    assert_eq!(runs[0]["done_by"], runs[1]["run_id"]);
+}
+
 #[test]
 fn a_waiter_behind_the_slots_run_skips_once_it_ends() {
     let env = Env::new();
