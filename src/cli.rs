@@ -149,8 +149,10 @@ Durations: 500ms, 30s, 2m, 1h, 1d.
 
 With --slot SCHEDULE, at most one run per scheduled slot: the slot is the latest instant of the
 schedule at or before the database's clock plus --slot-skew, so cron lines on several hosts (or a
-manual run later that day) do the slot once; the others record a `skipped` run and exit 0. The
-child also sees LEASECTL_SLOT and LEASECTL_SLOT_END (RFC 3339).
+manual run later that day) do the slot once; the others record a `skipped` run and exit 0 — at
+once, also while the slot's run is still in progress, with or without --wait. A run of an earlier
+slot still in progress is busy (75, or --wait). The child also sees LEASECTL_SLOT and
+LEASECTL_SLOT_END (RFC 3339).
 
 With --wait, waiters queue: they take the lease in arrival order (--queue fifo), and a caller
 without --wait finds the target busy while anyone queues for it (no queue jumping). With
@@ -234,7 +236,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_byte_size, default_value = "10MiB", value_name = "BYTES")]
     pub events_limit: usize,
     /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
-    /// @monthly): a caller whose slot was already done by any host records a skip and exits 0
+    /// @monthly): a caller whose slot any host already did, or is doing, records a skip and
+    /// exits 0
     #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
@@ -252,7 +255,7 @@ pub struct RunArgs {
     #[arg(long, requires = "slot")]
     pub until_success: bool,
 
-    /// Exit code of a caller that finds its slot already done
+    /// Exit code of a caller that finds its slot already done, or being done
     #[arg(long, default_value_t = 0, value_name = "N", requires = "slot")]
     pub done_exit_code: u8,
 

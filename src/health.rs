@@ -157,8 +157,10 @@ pub struct Watch {
     pub updated_at: SystemTime,
     /// The earliest slot any stored run of the target belongs to.
     pub first_slot: Option<SystemTime>,
-    /// The latest slot with a completed (or timed-out) run, or a skip — which is recorded only
-    /// when the slot's run had completed, and outlives that run when `prune` removed it.
+    /// The latest slot with a completed (or timed-out) run, or a skip recorded after the slot's
+    /// run had done it (such a skip outlives that run when `prune` removed it). A skip recorded
+    /// while the slot's run was still running does not count: that run counts for itself once
+    /// stored, and if it never is (its holder was killed), the slot was not done.
     pub done_slot: Option<SystemTime>,
     /// When the newest successful run (completed, exit 0) finished.
     pub last_success_at: Option<SystemTime>,

@@ -81,6 +81,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "live_events",
         sql: include_str!("../../migrations/0010_live_events.sql"),
     },
+    Migration {
+        version: 12,
+        name: "lease_slot",
+        sql: include_str!("../../migrations/0012_lease_slot.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

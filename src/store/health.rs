@@ -116,7 +116,8 @@ pub async fn watched(
                   WHERE r.target = e.target AND r.slot IS NOT NULL) AS first_slot,
                 (SELECT max(r.slot) FROM {s}.runs r
                   WHERE r.target = e.target AND r.slot IS NOT NULL
-                    AND r.outcome IN ('completed', 'timed_out', 'skipped')) AS done_slot,
+                    AND (r.outcome IN ('completed', 'timed_out')
+                         OR r.outcome = 'skipped' AND NOT r.done_by_running)) AS done_slot,
                 (SELECT max(r.finished_at) FROM {s}.runs r
                   WHERE r.target = e.target AND r.outcome = 'completed' AND r.exit_code = 0)
                   AS last_success_at,

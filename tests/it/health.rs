@@ -251,6 +251,9 @@ fn a_slot_counts_as_done_by_a_completed_or_timed_out_run_in_it_or_a_later_one() 
         // Done, though failed: the slot counts, the failure shows.
         ("timed", "timed_out", "124", now_slot, "failing"),
         ("skip", "skipped", "NULL", now_slot, "ok"),
+        // A skip recorded while the slot's run was still running, a run never stored (its
+        // holder was killed): nothing did the slot.
+        ("skip-running", "skipped", "NULL", now_slot, "missed"),
         ("stale", "completed", "0", old_slot, "missed"),
         ("cut", "interrupted", "143", now_slot, "missed"),
         ("gone", "lost", "NULL", now_slot, "missed"),
@@ -259,6 +262,7 @@ fn a_slot_counts_as_done_by_a_completed_or_timed_out_run_in_it_or_a_later_one() 
         expect_sql(&env, t, "'* * * * *'", "NULL", "NULL", "10 minutes");
         insert_run(&env, t, outcome, exit, "1 second", slot);
     }
+    env.sql("UPDATE runs SET done_by_running = true WHERE target = 'skip-running'");
     // A schedule stored just now: the slots that ended before it cannot have been missed.
     expect_sql(&env, "new", "'* * * * *'", "NULL", "NULL", "0s");
     let health = health_of(&env);

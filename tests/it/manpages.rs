@@ -22,7 +22,7 @@ const UPDATE_HINT: &str =
 /// The exit codes that are not leasectl's own: the command's, success, and "not found".
 const EXIT_CODES: &[(&str, &str)] = &[
     ("N", "run: the command's own exit code, or 128+N if signal N killed it; the run is stored"),
-    ("0", "success; also a fresh stored result printed by --reuse-within, or a --slot already done"),
+    ("0", "success; also a fresh stored result printed by --reuse-within, or a --slot already done or being done"),
     ("1", "check: a watched target is unhealthy; output: no stored run matches; outbox retry/discard: no such event; relay --once: events went dead"),
 ];
 
