@@ -141,7 +141,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l grace -d 'H
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l max-duration -d 'A holder running longer than this is "too long"' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Forget the expectation (a schedule from `run --slot` still watches the target)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Stop watching the target: forget the expectation and the schedule stored by `run --slot` (the next `run --slot` stores it again)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s V -l version -d 'Print version'

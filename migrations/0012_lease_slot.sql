@@ -1,6 +1,8 @@
 -- leasectl schema, version 12: the slot a `run --slot` holder is doing, kept on its lease row so
--- that a contender of the same slot records a skip instead of finding the target busy, and how
--- such a skip is told from one recorded after the slot was done.
+-- that a contender of the same slot records a skip instead of finding the target busy; how such
+-- a skip is told from one recorded after the slot was done; and since when a target's schedule
+-- watches it (`expect --clear` now forgets a schedule too, and a later `run --slot` stores it
+-- again).
 
 ALTER TABLE leases
     -- Written by a `run --slot` holder when it checks its slot under the lease and finds it not
@@ -24,3 +26,14 @@ ALTER TABLE leases
 -- For a `skipped` run: true when the run named by `done_by` was still running when the skip was
 -- recorded (its outcome was not known yet), false when that run had already done the slot.
 ALTER TABLE runs ADD COLUMN done_by_running boolean NOT NULL DEFAULT false;
+
+-- When the target's current schedule was stored: by the `run --slot` that first stored it, that
+-- changed it, or that stored it again after `expect --clear` forgot it. A slot that ended before
+-- then is never missed. NULL without a schedule.
+ALTER TABLE expectations ADD COLUMN schedule_since timestamptz;
+-- Until now the health check took the earlier of the row's last change and the first slot any
+-- run of the target was in: that, for the schedules already stored.
+UPDATE expectations e
+   SET schedule_since = least(e.updated_at, (SELECT min(r.slot) FROM runs r
+                                              WHERE r.target = e.target AND r.slot IS NOT NULL))
+ WHERE e.schedule IS NOT NULL;

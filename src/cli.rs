@@ -434,11 +434,13 @@ events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR
 --once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
 
 const EXPECT_HELP: &str = "\
-A target is watched when it has an expectation or a schedule (stored by `run --slot`). Each
-`expect` replaces the previous expectation whole; the schedule stays. Health is judged on the
-database clock: `status` shows it, `check` exits 1 on a problem, and a running `relay` turns each
-problem into one leasectl.target.<missed|overdue|failing|too_long> event and its end into one
-leasectl.target.recovered event.
+A target is watched when it has an expectation or a schedule (stored by `run --slot`; `status`
+says which). Each `expect` replaces the previous expectation whole; the schedule stays. --clear
+forgets both: the target is no longer watched until a later `run --slot` stores its schedule
+again, which then watches from that run on (no earlier slot counts as missed). Health is judged
+on the database clock: `status` shows it, `check` exits 1 on a problem, and a running `relay`
+turns each problem into one leasectl.target.<missed|overdue|failing|too_long> event and its end
+into one leasectl.target.recovered event.
 
 --grace applies to --every and to the schedule's slots [default: a tenth of the interval, at
 most 1h].
@@ -466,7 +468,8 @@ pub struct ExpectArgs {
     /// A holder running longer than this is "too long"
     #[arg(long, value_parser = parse_expected_duration, value_name = "DUR")]
     pub max_duration: Option<Duration>,
-    /// Forget the expectation (a schedule from `run --slot` still watches the target)
+    /// Stop watching the target: forget the expectation and the schedule stored by `run --slot`
+    /// (the next `run --slot` stores it again)
     #[arg(long, conflicts_with_all = ["every", "grace", "max_duration"])]
     pub clear: bool,
 }

@@ -414,7 +414,9 @@ const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
                                                         AND r.signal IS NULL)))";
 
 /// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
-/// latest one seen wins) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
+/// latest one seen wins; `schedule_since` says since when, for the health check: a schedule
+/// that is new, changed, or stored again after `expect --clear` forgot it watches the target
+/// from now on) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
 /// records `skip` as a `skipped` run naming it (`done_by`; no output, no outbox event) and
 /// releases the lease. Otherwise it writes on the lease row which slot of which schedule the
 /// caller is now doing, and the id its run will be stored with (`run_id`): a contender of the
@@ -459,11 +461,11 @@ pub async fn skip_if_done(
             "WITH owner AS (
              SELECT target FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), schedule AS (
-             INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz)
-             SELECT target, {sched}, {tz} FROM owner
+             INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz, schedule_since)
+             SELECT target, {sched}, {tz}, now() FROM owner
              ON CONFLICT (target) DO UPDATE
                 SET schedule = excluded.schedule, schedule_tz = excluded.schedule_tz,
-                    updated_at = now()
+                    schedule_since = now(), updated_at = now()
               WHERE (e.schedule, e.schedule_tz)
                     IS DISTINCT FROM (excluded.schedule, excluded.schedule_tz)
          ), done AS (

@@ -187,6 +187,7 @@ const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 12;
      ALTER TABLE leases DROP COLUMN slot_fence, DROP COLUMN slot, DROP COLUMN slot_end,
                         DROP COLUMN slot_schedule, DROP COLUMN slot_tz, DROP COLUMN slot_run;
      ALTER TABLE runs DROP COLUMN done_by_running;
+     ALTER TABLE expectations DROP COLUMN schedule_since;
      DELETE FROM schema_migrations WHERE version = 10;
      DROP INDEX outbox_live;
      DELETE FROM schema_migrations WHERE version = 9;
@@ -210,6 +211,35 @@ const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 12;
                       DROP CONSTRAINT runs_outcome_check;
      ALTER TABLE runs ADD CONSTRAINT runs_outcome_check
          CHECK (outcome IN ('completed', 'timed_out', 'interrupted', 'lost', 'exec_failed'));";
+
+/// Migration 0012 dates the schedules already stored as the health check did before it: from
+/// the earlier of the row's last change and the first slot a run of the target was in.
+#[test]
+fn migration_12_dates_stored_schedules_as_the_health_check_did() {
+    let env = Env::new();
+    let o = env.run(&["run", "--target", "a", "--slot", "* * * * *", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = env.run(&["expect", "--target", "b", "--every", "1h"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    env.sql(
+        "DELETE FROM schema_migrations WHERE version = 12;
+         ALTER TABLE leases DROP COLUMN slot_fence, DROP COLUMN slot, DROP COLUMN slot_end,
+                            DROP COLUMN slot_schedule, DROP COLUMN slot_tz, DROP COLUMN slot_run;
+         ALTER TABLE runs DROP COLUMN done_by_running;
+         ALTER TABLE expectations DROP COLUMN schedule_since;
+         UPDATE runs SET slot = slot - interval '1 day';
+         UPDATE expectations SET updated_at = now() - interval '1 hour';",
+    );
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        env.scalar(
+            "SELECT string_agg(target || ' ' || coalesce((schedule_since = (SELECT slot FROM runs))::text, 'null'), ', ' ORDER BY target)
+               FROM expectations"
+        ),
+        "a true, b null"
+    );
+}
 
 #[test]
 fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
