@@ -197,7 +197,7 @@ pub struct RunArgs {
     /// runs, store the run with the same fenced save, keep the lease afterwards; 76 if the
     /// token no longer holds TARGET
     #[arg(long, value_name = "TOKEN",
-          conflicts_with_all = ["ttl", "heartbeat", "wait", "replace", "max_holders", "label",
+          conflicts_with_all = ["ttl", "heartbeat", "queue", "replace", "max_holders", "label",
                                 "reuse_within", "slot"])]
     pub token: Option<uuid::Uuid>,
 
@@ -734,8 +734,9 @@ pub struct ReleaseArgs {
     /// End the lease this token holds (printed by `acquire`); exit 76 if it no longer does
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<uuid::Uuid>,
-    /// With --force: return once the lease is broken, without waiting for the old holder to stop
-    #[arg(long, conflicts_with = "token")]
+    /// Return once the lease is broken, without waiting for a holder whose command still runs
+    /// (a --force'd holder, or a step running under --token) to stop
+    #[arg(long)]
     pub no_wait: bool,
 }
 

@@ -81,6 +81,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "live_events",
         sql: include_str!("../../migrations/0010_live_events.sql"),
     },
+    Migration {
+        version: 11,
+        name: "stopping",
+        sql: include_str!("../../migrations/0011_stopping.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

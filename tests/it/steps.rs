@@ -248,9 +248,9 @@ fn token_flags_are_checked_before_connecting() {
     for (args, needle) in [
         (
             vec![
-                "run", "--target", "x", "--token", tok, "--wait", "--", "true",
+                "run", "--target", "x", "--token", tok, "--queue", "latest", "--", "true",
             ],
-            "--wait",
+            "--queue",
         ),
         (
             vec![
