@@ -253,6 +253,10 @@ fn too_late(why: String, silent_db: bool) -> Result<Exit> {
     Ok(Exit::LeaseLost)
 }
 
+/// How long a waiter's first connection (with the schema check) may take, however short its
+/// `--wait`: `--wait=0s` still tries once, and a schema's first use migrates it.
+const FIRST_CONNECT: Duration = Duration::from_secs(2);
+
 /// Connects (and checks the schema). A waiter (`--wait`) also waits out a database it cannot
 /// reach yet — down, restarting, or out of connections (`too many clients`, when many callers
 /// wait at once) — retrying with backoff until its `--wait` limit (`give_up_at`) is spent, as it
@@ -271,7 +275,7 @@ async fn connect(
     let mut warned = false;
     loop {
         // The first attempt is made however short the limit; later ones only within it.
-        let limit = give_up_at.map(|g| g.max(started + Duration::from_millis(250)));
+        let limit = give_up_at.map(|g| g.max(started + FIRST_CONNECT));
         let attempt = crate::cmd::connect(db_args);
         let e = match limit {
             Some(l) => match tokio::time::timeout_at(l, attempt).await {
