@@ -29,6 +29,7 @@ mod manpages;
 mod max_holders;
 mod metrics;
 mod netfault;
+mod outage;
 mod pooler;
 mod privileges;
 mod queue;
