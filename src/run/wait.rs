@@ -75,6 +75,9 @@ const FIRST_TRY: Duration = Duration::from_millis(250);
 /// How long a waiter that gives up (or is interrupted) may spend leaving the queue: a row left
 /// behind costs the others only its TTL, and the exit is promised within `--wait` + 0.5 s.
 const LEAVE_QUICKLY: Duration = Duration::from_millis(250);
+/// How long any other waiter that leaves without the lease (it shared a result, or was
+/// superseded) may spend on it: a row left behind holds the waiters behind it up for its TTL.
+const LEAVE: Duration = Duration::from_secs(2);
 
 /// Why waiting ended without the lease.
 enum Interrupted {
@@ -128,6 +131,7 @@ pub(super) async fn obtain(
         ticket: resume.ticket,
         again: resume.again,
         requeued: false,
+        hurried: false,
         since: None,
         next_notice: None,
         noticed: false,
@@ -286,6 +290,8 @@ struct Waiter {
     /// `queued_until` was recomputed for the busy state we saw (see [`waiters::requeue`]): not
     /// again until something changed.
     requeued: bool,
+    /// The wait ended by `--wait`'s limit or a signal: leave the queue quickly.
+    hurried: bool,
     /// When we first found the target busy.
     since: Option<Instant>,
     /// When the next `--wait-notice` line is due.
@@ -470,8 +476,8 @@ impl Waiter {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
-        let until = Instant::now() + LEAVE_QUICKLY;
-        let leave = waiters::leave(&db.client, &db.schema, &cfg.target, ticket);
+        let until = Instant::now() + if self.hurried { LEAVE_QUICKLY } else { LEAVE };
+        let leave = waiters::leave(&db.client, &db.schema, ticket);
         if let Err(e) = bounded(until, leave).await {
             info!(
                 "could not leave the queue for '{}' ({e:#}); it expires with its TTL",
@@ -483,6 +489,7 @@ impl Waiter {
     /// The exit code when waiting ends without the lease.
     fn interrupted(&mut self, why: Interrupted, cfg: &RunConfig) -> Obtained {
         self.spinner.clear();
+        self.hurried = true;
         match why {
             Interrupted::Signal(sig) => Obtained::Done(Exit::from_signal(sig)),
             Interrupted::GaveUp => {

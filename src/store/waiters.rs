@@ -329,26 +329,23 @@ fn place_from_row(row: &Row) -> Place {
     Place::Position(row.get("position"))
 }
 
-/// Leaves the queue (gave up, interrupted, superseded), waking the waiters behind, and lowers
-/// `queued_until` to the waiters left ([`requeue`]'s rule, in the same transaction).
-pub async fn leave(client: &Client, schema: &Schema, target: &str, ticket: Ticket) -> Result<()> {
-    let gone = sql(
-        schema,
+/// Leaves the queue (gave up, interrupted, superseded, or shared a result), waking the waiters
+/// behind. One short statement on the waiter's own row: with many waiters leaving at once (the
+/// callers of a singleflight sharing one result) none waits for another. `queued_until` is left
+/// as it is — it may now say a waiter may exist for a while longer than one does, which only ever
+/// errs on the safe side; the first caller that finds the target free with nobody queued corrects
+/// it ([`requeue`]).
+pub async fn leave(client: &Client, schema: &Schema, ticket: Ticket) -> Result<()> {
+    let sql = schema.sql(
         "WITH gone AS (DELETE FROM {s}.waiters WHERE ticket = $1 RETURNING target)
          SELECT pg_notify($2, target) FROM gone",
     );
     let channel = schema.lease_channel();
-    let work = async {
-        lock_target(client, schema, target).await?;
-        client
-            .query_typed(
-                &gone,
-                &[(&ticket.number, Type::INT8), (&channel, Type::TEXT)],
-            )
-            .await?;
-        recompute(client, schema, target).await
-    };
-    in_transaction(client, work)
+    client
+        .query_typed(
+            &sql,
+            &[(&ticket.number, Type::INT8), (&channel, Type::TEXT)],
+        )
         .await
         .context("cannot leave the queue")?;
     Ok(())
@@ -361,12 +358,12 @@ pub async fn leave(client: &Client, schema: &Schema, target: &str, ticket: Ticke
 /// `queued_until` is written by many sessions at once: joiners and renewing waiters only raise
 /// it (`greatest`, re-evaluated on the newest row version when they wait for its lock), so they
 /// can never lower it wrongly; but a statement that *recomputes* it from the waiters reads them
-/// as of its start — a leaver would still count a waiter leaving concurrently (leaving
-/// `queued_until` a TTL too late, refusing plain runs meanwhile), and could miss a waiter that
-/// joined after its start (too early: a caller could slip ahead of it). So the recomputation
-/// runs only here and in [`leave`]: in a transaction whose first statement locks the target's row,
-/// so that the statement after it sees every waiter committed before, and a joiner that comes
-/// later waits for the lock and raises the value again.
+/// as of its start — it would still count a waiter leaving concurrently (leaving `queued_until`
+/// a TTL too late, refusing plain runs meanwhile), and could miss a waiter that joined after its
+/// start (too early: a caller could slip ahead of it). So the recomputation runs only here, in a
+/// transaction whose first statement locks the target's row, so that the statement after it sees
+/// every waiter committed before, and a joiner that comes later waits for the lock and raises the
+/// value again.
 pub async fn requeue(client: &Client, schema: &Schema, target: &str) -> Result<bool> {
     let work = async {
         lock_target(client, schema, target).await?;

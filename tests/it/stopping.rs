@@ -305,3 +305,57 @@ fn release_token_during_a_step_stops_the_step_before_anyone_else_starts() {
     assert_eq!(code(&step.finish()), 76);
     no_overlap(&log, "old", "new");
 }
+
+/// With `--max-holders`, every place whose holder was force-released is taken by nobody until
+/// that holder has stopped — also not by a caller with another N, which is busy (75), not a
+/// usage error, while the old holders are only stopping.
+#[test]
+fn force_released_places_stay_taken_until_their_holders_have_stopped() {
+    let env = Env::new();
+    let log = env.path("log");
+    let holders: Vec<Child> = (0..2)
+        .map(|i| {
+            let started = env.path(&format!("started-{i}"));
+            let c = env
+                .command()
+                .args(["run", "--target", "pool", "--max-holders", "2"])
+                .args(["--ttl", "20s", "--heartbeat", "5s", "--kill-after", "2s"])
+                .args(["--", "sh", "-c"])
+                .arg(format!(
+                    "touch '{}'; {}",
+                    started.display(),
+                    ticking(&format!("old{i}"), &log)
+                ))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            wait_for_file_exists(&started);
+            c
+        })
+        .collect();
+    let o = env.run(&["release", "--target", "pool", "--force", "--no-wait"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    for extra in [&["--max-holders", "2"][..], &[][..]] {
+        let mut args = vec!["run", "--target", "pool"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "true"]);
+        let o = env.run(&args);
+        assert_eq!(code(&o), 75, "{extra:?}: {}", stderr(&o));
+    }
+    for h in holders {
+        assert_eq!(code(&finish(h)), 76);
+    }
+    let o = env.run(&[
+        "run",
+        "--target",
+        "pool",
+        "--",
+        "sh",
+        "-c",
+        &starting("new", &log),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    no_overlap(&log, "old0", "new");
+    no_overlap(&log, "old1", "new");
+}
