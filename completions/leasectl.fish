@@ -56,7 +56,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l label -d 'Show
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l max-holders -d 'Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of the first holder stands until none is left' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l busy-exit-code -d 'Exit code when another holder has the lease' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l heartbeat -d 'Renewal interval [default: TTL/4]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l token -d 'Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command runs, store the run with the same fenced save, keep the lease afterwards; 76 if the token no longer holds TARGET' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l token -d 'Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command runs, store the run with the same fenced save, keep the lease afterwards; 76 if the token no longer holds TARGET, 75 while another step runs (--wait waits for it)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l reuse-within -d 'Reuse the stored stdout of a successful run that finished less than DUR ago' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l timeout -d 'Stop the command after DUR and exit 124' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL when the command must stop [default: min(10s, TTL/10)]' -r
@@ -131,7 +131,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l token -d '
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d 'Break the lease whoever holds it: its holder stops (operator use)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l no-wait -d 'With --force: return once the lease is broken, without waiting for the old holder to stop'
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l no-wait -d 'Return once the lease is broken, without waiting for a holder whose command still runs (a --force\'d holder, or a step running under --token) to stop'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'

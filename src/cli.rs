@@ -106,7 +106,10 @@ Example:\n  leasectl renew --target deploy --token \"$LEASECTL_TOKEN\" --ttl 30m
 command (SIGTERM, then SIGKILL after its --kill-after), records the run as `lost` and exits 76. \
 Behind a transaction-mode pooler, where it cannot LISTEN, it notices at its next heartbeat.\n\n\
 release waits until the old holder has recorded its stop, or until its lease would have expired \
-anyway (its TTL after its last heartbeat), and says which happened; --no-wait returns at once.\n\n\
+anyway (its TTL after its last heartbeat), and says which happened; --no-wait returns at once. \
+Either way nobody else starts on the target before then: waiters, plain runs and --replace wait for \
+that stop too (status shows the target as `stopping`). --token during a running step stops that \
+step the same way.\n\n\
 Examples:\n  leasectl release --target deploy --token \"$LEASECTL_TOKEN\"\n  leasectl release --target nightly-report --force"
     )]
     Release(ReleaseArgs),
@@ -165,11 +168,17 @@ LEASECTL_HOLDER_INDEX, 0…N−1); fences still increase with every acquisition.
 another N is a usage error while any place is held.
 
 With --replace, a live holder is told to stop (its run is recorded `preempted`, it exits 76) and
-COMMAND starts only once it has stopped, or its lease would have expired anyway: no overlap.
+COMMAND starts only once it has stopped, or its lease would have expired anyway: no overlap. Any
+lease taken from a holder whose command still runs (--replace, release --force) is free for
+nobody until that holder has stopped or its deadline passed: waiters and plain runs wait too.
 
 With --token TOKEN (from `leasectl acquire`), COMMAND runs as one step under that lease: renewed
 while it runs, stored with the same fenced save, and the lease kept for the next step; 76 if the
-token no longer holds TARGET.
+token no longer holds TARGET (or it expired). Steps run one at a time: while another step runs,
+75 at once, or with --wait[=DUR] wait for it.
+
+--wait=DUR limits the whole wait, from the start (connecting included): one attempt is always
+made, and the exit (75) comes within DUR + 0.5s.
 
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full
@@ -181,8 +190,8 @@ Examples:
   leasectl run --target deploy --token \"$LEASECTL_TOKEN\" -- ./migrate
   TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
 
-Exit codes: the child's (128+N if killed by signal N); 75 busy; 76 lease lost, replaced or (with
---token) no longer held (or ran out before the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
+Exit codes: the child's (128+N if killed by signal N); 75 busy (or --wait ran out; with --token:
+another step runs); 76 lease lost, replaced or (with --token) no longer held (or ran out before the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
 2 usage; 65 $LEASECTL_EVENTS refused (run stored without them); 69 database down or silent;
 70 internal error; 77 the role lacks a privilege.";
 
@@ -197,9 +206,9 @@ pub struct RunArgs {
 
     /// Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command
     /// runs, store the run with the same fenced save, keep the lease afterwards; 76 if the
-    /// token no longer holds TARGET
+    /// token no longer holds TARGET, 75 while another step runs (--wait waits for it)
     #[arg(long, value_name = "TOKEN",
-          conflicts_with_all = ["ttl", "heartbeat", "wait", "replace", "max_holders", "label",
+          conflicts_with_all = ["ttl", "heartbeat", "queue", "replace", "max_holders", "label",
                                 "reuse_within", "slot"])]
     pub token: Option<uuid::Uuid>,
 
@@ -742,8 +751,9 @@ pub struct ReleaseArgs {
     /// End the lease this token holds (printed by `acquire`); exit 76 if it no longer does
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<uuid::Uuid>,
-    /// With --force: return once the lease is broken, without waiting for the old holder to stop
-    #[arg(long, conflicts_with = "token")]
+    /// Return once the lease is broken, without waiting for a holder whose command still runs
+    /// (a --force'd holder, or a step running under --token) to stop
+    #[arg(long)]
     pub no_wait: bool,
 }
 

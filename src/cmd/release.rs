@@ -3,6 +3,7 @@
 //! * `--token TOK` ends the lease that `acquire` took (the last step of a lease across CI
 //!   steps): 0 when released, 76 when the token no longer holds the target — it expired and was
 //!   taken, or was replaced — so the pipeline learns that its steps were not all under one lease.
+//!   A step still running under it is stopped like a `--force`d holder, and waited for.
 //! * `--force` breaks the lease whoever holds it (operator use) — every place of a target with
 //!   `--max-holders`. The release is announced on the lease channel, so a holder that listens
 //!   (see `run::heartbeat`) checks its token at once, stops its command and records a `lost` run;
@@ -30,18 +31,34 @@ const POLL: Duration = Duration::from_millis(100);
 pub async fn run(db: &DbArgs, args: ReleaseArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
     match args.token {
-        Some(token) => release_token(&db, &args.target, token).await,
+        Some(token) => release_token(&db, &args, token).await,
         None => release_force(&db, &args).await,
     }
 }
 
-async fn release_token(db: &Db, target: &str, token: Uuid) -> Result<Exit> {
+async fn release_token(db: &Db, args: &ReleaseArgs, token: Uuid) -> Result<Exit> {
+    let target = args.target.as_str();
+    let started = Instant::now();
     match leases::release_token(&db.client, &db.schema, target, token).await? {
-        Some(expired) => {
-            if expired {
+        Some(released) => {
+            if released.expired {
                 crate::warn!("the lease on '{target}' had expired (nobody took it); released");
             } else {
                 crate::info!("released '{target}'");
+            }
+            // A step was running under the lease: nobody may take it before that step has
+            // stopped, and the pipeline may want to know when it has.
+            if let Some(h) = released.stopping {
+                let outcome = if args.no_wait {
+                    "not waiting for it to stop".to_owned()
+                } else {
+                    wait_for_stop(db, target, &h, started).await?
+                };
+                let line = format!(
+                    "released '{target}' while a step ran ({}); {outcome}\n",
+                    h.who()
+                );
+                super::print(line.as_bytes())?;
             }
             Ok(Exit::Code(0))
         }

@@ -82,6 +82,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0010_live_events.sql"),
     },
     Migration {
+        version: 11,
+        name: "stopping",
+        sql: include_str!("../../migrations/0011_stopping.sql"),
+    },
+    Migration {
         version: 12,
         name: "lease_slot",
         sql: include_str!("../../migrations/0012_lease_slot.sql"),

@@ -30,6 +30,8 @@ pub struct Heartbeat<'a> {
     kill_after: Duration,
     next_at: Instant,
     stop_at: Instant,
+    /// When the last heartbeat that succeeded (or the acquisition) was sent.
+    confirmed_sent: Instant,
     failures: u32,
     /// Check the lease as soon as a release of its target is announced (see
     /// [`Heartbeat::watch_releases`]).
@@ -51,6 +53,7 @@ impl<'a> Heartbeat<'a> {
             kill_after: times.kill_after,
             next_at: deadline(sent, times.interval),
             stop_at: deadline(sent, budget),
+            confirmed_sent: sent,
             failures: 0,
             watch: false,
             listen: false,
@@ -70,6 +73,47 @@ impl<'a> Heartbeat<'a> {
     /// Nothing may be spawned at or after it: there would not be time to stop it.
     pub fn stop_at(&self) -> Instant {
         self.stop_at
+    }
+
+    /// The database has not answered the latest heartbeats: a lease lost now was lost to a
+    /// silent database, not taken by someone who got an answer.
+    pub fn unanswered(&self) -> bool {
+        self.failures > 0
+    }
+
+    /// How long after a confirmed heartbeat's send the command may run (see [`stop_budget`]).
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// The earliest moment the lease can expire on the database's clock: the send of the last
+    /// heartbeat that succeeded (or of the acquisition) plus the TTL.
+    pub fn lease_deadline(&self) -> Instant {
+        deadline(self.confirmed_sent, self.ttl)
+    }
+
+    /// One heartbeat now, outside the schedule: for a lease whose acquisition was answered too
+    /// late to start the command within its stop budget (the statement may have run late, not
+    /// early). `Ok(true)`: renewed, and the budget counts from this send. `Ok(false)`: the lease
+    /// is gone (expired or taken). `Err`: no answer within `limit`.
+    pub async fn confirm(&mut self, db: &Db, limit: Duration) -> Result<bool, String> {
+        let sent = Instant::now();
+        match timeout(limit, leases::heartbeat(&db.client, &db.schema, self.lease)).await {
+            Ok(Ok(true)) => {
+                self.renewed(sent);
+                Ok(true)
+            }
+            Ok(Ok(false)) => Ok(false),
+            Ok(Err(e)) => Err(db::reason(&e)),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+
+    /// A heartbeat sent at `sent` succeeded.
+    fn renewed(&mut self, sent: Instant) {
+        self.confirmed_sent = sent;
+        self.stop_at = deadline(sent, self.budget);
+        self.next_at = deadline(sent, self.interval);
     }
 
     /// The moment by which the command must have been SIGKILLed: the lease can expire, on
@@ -117,14 +161,15 @@ impl<'a> Heartbeat<'a> {
                         );
                     }
                     self.failures = 0;
-                    self.stop_at = deadline(sent, self.budget);
-                    self.next_at = deadline(sent, self.interval);
+                    self.renewed(sent);
                 }
                 Ok(Ok(false)) => {
-                    // Someone else may run from now on: the grace starts now at the latest.
+                    // The lease is gone: taken from us (whoever took it waits for our stop, or
+                    // for our deadline), or expired before this heartbeat reached the database.
+                    // Either way the grace starts now at the latest.
                     self.stop_at = self.stop_at.min(Instant::now());
                     return format!(
-                        "the lease on '{}' was taken over or force-released",
+                        "the lease on '{}' was lost (taken over, force-released, or expired before a heartbeat reached the database)",
                         self.lease.target
                     );
                 }

@@ -43,13 +43,14 @@ use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::process::Capture;
 use crate::signals::Signals;
+use crate::store;
 use crate::store::leases::{self, DbClock, Lease};
 use crate::store::runs::{self, Outcome, RunRecord, Saved, SlotCheck};
 use child::{Child, Spec};
 use events::{EventsFile, JobEvents};
 use heartbeat::Heartbeat;
 use slot::Slot;
-use wait::{obtain, Obtained};
+use wait::{obtain, Obtained, Resume};
 
 /// How long one statement may go unanswered before the database counts as unavailable (the
 /// server-side `statement_timeout` cannot help when the server, or the path to it, is silent).
@@ -102,14 +103,17 @@ struct Started {
 async fn start(db_args: &DbArgs, cfg: &RunConfig) -> Result<Result<Started, Exit>> {
     let mut signals = Signals::install()?;
     let started = Instant::now();
-    let db = tokio::select! {
-        db = connect(db_args, cfg, started) => db?,
-        sig = signals.recv() => return Ok(Err(Exit::from_signal(sig))),
-    };
     // `--wait=DUR` counts from the start, across connecting and every attempt.
     let give_up_at = match cfg.wait {
         Some(Wait::Upto(d)) => Some(deadline(started, d)),
         _ => None,
+    };
+    let db = tokio::select! {
+        db = connect(db_args, cfg, give_up_at) => match db? {
+            Some(db) => db,
+            None => return Ok(Err(Exit::Busy(cfg.busy_exit_code))),
+        },
+        sig = signals.recv() => return Ok(Err(Exit::from_signal(sig))),
     };
     Ok(Ok(Started {
         signals,
@@ -130,7 +134,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     };
     let me = Me::new();
     if let Some(token) = cfg.token {
-        return steps::step(&mut db, cfg, &me, token, &mut signals).await;
+        return steps::step(&mut db, cfg, &me, token, &mut signals, give_up_at).await;
     }
 
     if let Some(within) = cfg.reuse_within {
@@ -145,20 +149,21 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         }
     }
 
+    // A waiter whose lease could not be started in time keeps its place in the queue.
+    let mut resume = Resume::default();
     loop {
-        let (lease, acquired_at, listening) =
-            match obtain(&mut db, &cfg, &me, &mut signals, give_up_at).await? {
-                Obtained::Lease(l, at, listening) => (l, at, listening),
-                Obtained::Done(exit) => return Ok(exit),
-            };
+        let granted = match obtain(&mut db, &cfg, &me, &mut signals, (give_up_at, resume)).await? {
+            Obtained::Lease(g) => g,
+            Obtained::Done(exit) => return Ok(exit),
+        };
+        let (lease, acquired_at) = (&granted.lease, granted.sent);
         info!("acquired '{}' (fence {})", lease.target, lease.fence);
-        let mut hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
+        let mut hb = Heartbeat::new(lease, cfg.times(), acquired_at);
         if db.can_listen() {
-            hb.watch_releases(listening);
+            hb.watch_releases(granted.listening);
         }
-        let replaced = (&lease, acquired_at);
         if let Some(exit) =
-            replace::await_stop(&mut db, &cfg, replaced, &mut hb, &mut signals).await
+            replace::await_stop(&mut db, &cfg, lease, true, &mut hb, &mut signals).await
         {
             return Ok(exit);
         }
@@ -166,23 +171,83 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             db_time: lease.granted_at,
             local: acquired_at,
         };
-        match prepare(&mut db, &cfg, &me, &lease, &hb, clock, &mut signals).await? {
+        let timing = (granted.sent, granted.answered);
+        match prepare(
+            &mut db,
+            &cfg,
+            &me,
+            lease,
+            &mut hb,
+            (clock, timing),
+            &mut signals,
+        )
+        .await?
+        {
             Prepared::Spawn(slot) => {
                 let at = (acquired_at, slot);
-                return execute(&mut db, &cfg, &me, &lease, hb, at, &mut signals).await;
+                return execute(&mut db, &cfg, &me, lease, hb, at, &mut signals).await;
             }
             Prepared::Done(exit) => return Ok(exit),
             // A waiter waits on: the database (or leasectl) was slow, the lease is not gone
-            // for good. The next acquisition gets a fresh lease, with a higher fence.
+            // for good. The next acquisition gets a fresh lease, with a higher fence — or the
+            // same lease again if it is still ours.
             Prepared::TooLate { why, .. } if cfg.wait.is_some() => {
                 warn!("{why}; the command was not started; waiting again");
-                if let Ok(Err(e)) = timeout(STATEMENT_DEADLINE, db.reconnect()).await {
-                    info!("reconnect failed: {e:#}");
-                }
+                resume = keep_place(&mut db, &cfg, &me, &granted).await;
             }
-            Prepared::TooLate { why, silent_db } => return too_late(why, silent_db),
+            Prepared::TooLate { why, silent_db } => {
+                release_within(&db, lease, Instant::now() + RELEASE_QUICKLY).await;
+                return too_late(why, silent_db);
+            }
         }
     }
+}
+
+/// How long the release of a lease whose command was not started may take: it is best-effort
+/// (the lease expires by its TTL otherwise), and the caller is about to exit or wait again.
+const RELEASE_QUICKLY: Duration = Duration::from_millis(500);
+
+/// A waiter whose lease could not be started in time: its place in the queue is taken again
+/// (the acquisition had removed it) before the lease is released, so that no waiter behind it
+/// can slip in between — unless it was away longer than a waiter's TTL, after which a waiter
+/// that stopped answering has lost its place anyway.
+async fn keep_place(db: &mut Db, cfg: &RunConfig, me: &Me, granted: &wait::Granted) -> Resume {
+    let ticket = granted
+        .ticket
+        .filter(|_| granted.sent.elapsed() < wait::waiter_ttl(cfg.ttl));
+    let mut resume = Resume::default();
+    if let Some(t) = ticket {
+        let who = (me.host.as_str(), me.pid, cfg.label.as_deref());
+        let join = store::waiters::join(
+            &db.client,
+            &db.schema,
+            &cfg.target,
+            (t.mode, Some(t.number)),
+            wait::waiter_ttl(cfg.ttl),
+            who,
+        );
+        match bounded(Instant::now() + STATEMENT_DEADLINE, join).await {
+            Ok(t) => {
+                info!(
+                    "kept our place in the queue for '{}' (ticket {})",
+                    cfg.target, t.number
+                );
+                resume.ticket = Some(t);
+            }
+            // Joined again at the first attempt that gets through.
+            Err(e) => {
+                info!("cannot take our place in the queue again yet ({e:#})");
+                resume.again = Some(t);
+            }
+        }
+    }
+    release_within(db, &granted.lease, Instant::now() + RELEASE_QUICKLY).await;
+    if resume.again.is_some() {
+        if let Ok(Err(e)) = timeout(STATEMENT_DEADLINE, db.reconnect()).await {
+            info!("reconnect failed: {e:#}");
+        }
+    }
+    resume
 }
 
 /// The command could not be started in time to be stopped before the lease could expire.
@@ -195,27 +260,60 @@ fn too_late(why: String, silent_db: bool) -> Result<Exit> {
     Ok(Exit::LeaseLost)
 }
 
+/// How long a waiter's first connection (with the schema check) may take, however short its
+/// `--wait`: `--wait=0s` still tries once, and a schema's first use migrates it.
+const FIRST_CONNECT: Duration = Duration::from_secs(2);
+
 /// Connects (and checks the schema). A waiter (`--wait`) also waits out a database it cannot
 /// reach yet — down, restarting, or out of connections (`too many clients`, when many callers
-/// wait at once) — retrying with backoff within its `--wait` limit, as it does once connected.
-async fn connect(db_args: &DbArgs, cfg: &RunConfig, started: Instant) -> Result<Db> {
-    let give_up_at = match cfg.wait {
-        None => return crate::cmd::connect(db_args).await,
-        Some(Wait::Upto(d)) => Some(deadline(started, d)),
-        Some(Wait::Forever) => None,
-    };
+/// wait at once) — retrying with backoff until its `--wait` limit (`give_up_at`) is spent, as it
+/// does once connected; `None` then, having said so with the last error. Each attempt is bounded
+/// by the limit too, and the last one is made at it.
+async fn connect(
+    db_args: &DbArgs,
+    cfg: &RunConfig,
+    give_up_at: Option<Instant>,
+) -> Result<Option<Db>> {
+    if cfg.wait.is_none() {
+        return crate::cmd::connect(db_args).await.map(Some);
+    }
+    let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
     let mut warned = false;
     loop {
-        let e = match crate::cmd::connect(db_args).await {
-            Ok(db) => return Ok(db),
+        // The first attempt is made however short the limit; later ones only within it.
+        let limit = give_up_at.map(|g| g.max(started + FIRST_CONNECT));
+        let attempt = crate::cmd::connect(db_args);
+        let e = match limit {
+            Some(l) => match tokio::time::timeout_at(l, attempt).await {
+                Ok(r) => r,
+                Err(_) => Err(Failure::Unavailable(
+                    "no connection within the time --wait had left".into(),
+                )
+                .into()),
+            },
+            None => attempt.await,
+        };
+        let e = match e {
+            Ok(db) => return Ok(Some(db)),
             // A refusal of *us* (bad password, unknown role or database) will not go away.
             Err(e) if is_unavailable(&e) && !refused(&e) => e,
             Err(e) => return Err(e),
         };
-        let next = Instant::now() + backoff;
-        if give_up_at.is_some_and(|g| next >= g) {
-            return Err(e);
+        let now = Instant::now();
+        if limit.is_some_and(|l| now >= l) {
+            if !cfg.quiet {
+                let waited = match cfg.wait {
+                    Some(Wait::Upto(d)) => d,
+                    _ => started.elapsed(),
+                };
+                say!(
+                    "gave up waiting for '{}' after {}: cannot reach the database ({e:#})",
+                    cfg.target,
+                    crate::fmt::duration(waited)
+                );
+            }
+            return Ok(None);
         }
         if !warned {
             warn!(
@@ -226,7 +324,8 @@ async fn connect(db_args: &DbArgs, cfg: &RunConfig, started: Instant) -> Result<
         } else {
             info!("still cannot reach the database ({e:#})");
         }
-        sleep_until(next).await;
+        let next = now + backoff;
+        sleep_until(limit.map_or(next, |l| next.min(l))).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
@@ -310,17 +409,29 @@ enum Check {
 /// `stop_at` is the last moment at which a command spawned now could still be stopped before
 /// the lease can expire. Every statement here is bounded by it, a signal ends the wait, and it
 /// is checked once more right before returning: a command is never started on a lease that
-/// may already be someone else's. Whenever the command is not started, the lease is released
-/// (best-effort).
+/// may already be someone else's. When the acquisition was answered too late for that (the
+/// statement may have reached the database late, as after a black-holed connection, and then
+/// the lease is fresh), one heartbeat outside the schedule confirms the lease first: it
+/// succeeds only on a lease that has not expired, and the budget counts from it.
+///
+/// When the command is not started because it is done (reuse, a done slot) or a signal came,
+/// the lease is released (best-effort); when it is too late, the caller decides
+/// ([`Prepared::TooLate`]).
 async fn prepare(
     db: &mut Db,
     cfg: &RunConfig,
     me: &Me,
     lease: &Lease,
-    hb: &Heartbeat<'_>,
-    clock: DbClock,
+    hb: &mut Heartbeat<'_>,
+    (clock, (sent, answered)): (DbClock, (Instant, Instant)),
     signals: &mut Signals,
 ) -> Result<Prepared> {
+    let late = |hb: &Heartbeat<'_>| Instant::now() + CONFIRM_AHEAD >= hb.stop_at();
+    if late(hb) {
+        if let Some(too_late) = confirm(db, cfg, hb, (sent, answered)).await {
+            return Ok(too_late);
+        }
+    }
     let until = hb.stop_at();
     let checks = async {
         // Releases announced while we waited are old news; the heartbeat keeps listening
@@ -362,35 +473,87 @@ async fn prepare(
             let code = cfg.slot.as_ref().map_or(0, |s| s.done_exit_code);
             return Ok(Prepared::Done(Exit::Code(code)));
         }
-        Ok(Ok(Check::NotOwner)) => Prepared::TooLate {
-            why: format!(
-                "the lease on '{}' was taken over before the command could be started (was leasectl paused?)",
-                cfg.target
-            ),
-            silent_db: false,
-        },
-        Ok(Ok(Check::Go(slot))) if Instant::now() < hb.stop_at() => {
-            return Ok(Prepared::Spawn(slot))
+        Ok(Ok(Check::NotOwner)) => {
+            return Ok(Prepared::TooLate {
+                why: format!(
+                    "the lease on '{}' was taken over before the command could be started",
+                    cfg.target
+                ),
+                silent_db: false,
+            })
         }
-        Ok(Ok(Check::Go(_))) => Prepared::TooLate {
-            why: format!(
-                "the lease on '{}' ran out before the command could be started (was leasectl paused?)",
-                cfg.target
-            ),
-            silent_db: false,
-        },
-        // The connection may be stuck behind the unanswered statement; the release below
+        Ok(Ok(Check::Go(slot))) => {
+            if late(hb) {
+                if let Some(too_late) = confirm(db, cfg, hb, (sent, answered)).await {
+                    return Ok(too_late);
+                }
+            }
+            return Ok(Prepared::Spawn(slot));
+        }
+        // The connection may be stuck behind the unanswered statement; the caller's release
         // is tried anyway, and otherwise the lease expires by its TTL.
-        Ok(Err(e)) => Prepared::TooLate {
-            why: format!(
-                "'{}' was acquired, but the database did not confirm it in time ({e:#})",
-                cfg.target
-            ),
-            silent_db: true,
-        },
+        Ok(Err(e)) => {
+            return Ok(Prepared::TooLate {
+                why: format!(
+                    "'{}' was acquired, but the database did not confirm it in time ({e:#})",
+                    cfg.target
+                ),
+                silent_db: true,
+            })
+        }
     };
     release_within(db, lease, until).await;
     Ok(prepared)
+}
+
+/// How much of the stop budget must be left to start the command without confirming the lease
+/// first: a spawn takes a few milliseconds, and the heartbeat schedule needs a moment to begin.
+const CONFIRM_AHEAD: Duration = Duration::from_millis(50);
+
+/// Confirms a lease whose stop budget ran out before the command could start (see [`prepare`]).
+/// `None`: renewed, go on. Otherwise why not, naming what was slow: the database's answer to
+/// the acquisition (`sent` → `answered`) or leasectl itself (paused or starved after it).
+async fn confirm(
+    db: &Db,
+    cfg: &RunConfig,
+    hb: &mut Heartbeat<'_>,
+    (sent, answered): (Instant, Instant),
+) -> Option<Prepared> {
+    let limit = cfg.ttl.min(STATEMENT_DEADLINE);
+    let slow = match answered.saturating_duration_since(sent) {
+        d if d >= hb.budget() => format!(
+            "the database answered the acquisition only after {} (ttl {})",
+            crate::fmt::duration(d),
+            crate::fmt::duration(cfg.ttl)
+        ),
+        _ => format!(
+            "leasectl itself was held up for {} after the acquisition (paused, or starved of CPU)",
+            crate::fmt::duration(answered.elapsed())
+        ),
+    };
+    match hb.confirm(db, limit).await {
+        Ok(true) => {
+            info!(
+                "{slow}; the lease on '{}' is confirmed, starting",
+                cfg.target
+            );
+            None
+        }
+        Ok(false) => Some(Prepared::TooLate {
+            why: format!(
+                "{slow}, and the lease on '{}' had expired or been taken by then",
+                cfg.target
+            ),
+            silent_db: false,
+        }),
+        Err(e) => Some(Prepared::TooLate {
+            why: format!(
+                "{slow}, and the database did not confirm the lease on '{}' in time ({e})",
+                cfg.target
+            ),
+            silent_db: true,
+        }),
+    }
 }
 
 /// `--slot`: the slot of the acquisition, on the database's clock (the instant it granted the
@@ -571,7 +734,12 @@ async fn execute(
         ..record(outcome, Some(end.status), ended)
     };
     if end.lost.is_some() {
-        return record_lost(db, cfg, lease, &run).await;
+        // Lost to a silent database: the exit is due a second after the lease's deadline at
+        // the latest, whatever the record still waits for.
+        let silent = hb
+            .unanswered()
+            .then(|| hb.lease_deadline() + SILENT_EXIT_AFTER);
+        return record_lost(db, cfg, lease, &run, silent).await;
     }
     store(db, cfg, lease, &run, exit).await
 }
@@ -768,7 +936,7 @@ async fn store(
                     error: Some(reason),
                     ..clone_record(record)
                 };
-                return record_lost(db, cfg, lease, &lost).await;
+                return record_lost(db, cfg, lease, &lost, None).await;
             }
             Err(e) if Instant::now() < give_up_at && is_unavailable(&e) => {
                 warn!("cannot store run {} yet ({:#}); retrying", record.id, e);
@@ -809,17 +977,29 @@ fn describe_status(r: &RunRecord<'_>) -> String {
     }
 }
 
+/// How long after its lease's deadline a holder that lost its database exits at the latest:
+/// the time its best-effort `lost` record and release may still take. The promise is an exit
+/// within the TTL plus 1.5 s of the database going silent, on a fresh connection or an
+/// established one alike; this leaves half a second for the rest of the exit.
+const SILENT_EXIT_AFTER: Duration = Duration::from_secs(1);
+
 /// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
-/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`]: the command is
-/// already stopped, and a silent database must not hold up the exit.
+/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`] — and, when the
+/// lease was lost to a silent database, by `silent_until`: the command is already stopped, and
+/// a silent database must not hold up the exit.
 async fn record_lost(
     db: &mut Db,
     cfg: &RunConfig,
     lease: &Lease,
     record: &RunRecord<'_>,
+    silent_until: Option<Instant>,
 ) -> Result<Exit> {
-    let limit = lost_record_deadline(cfg.ttl);
-    let until = Instant::now() + limit;
+    let now = Instant::now();
+    let mut until = now + lost_record_deadline(cfg.ttl);
+    if let Some(by) = silent_until {
+        until = until.min(by.max(now + Duration::from_millis(250)));
+    }
+    let limit = until - now;
     // The connection may be stuck behind the heartbeat that went unanswered: half the time
     // for it, the other half for a fresh one.
     let first = Instant::now() + limit / 2;

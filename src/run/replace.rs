@@ -1,7 +1,11 @@
-//! `--replace`: after taking the lease from a live holder ([`leases::replace`]), do not start
-//! until that holder has recorded its stop — or its lease would have expired anyway, which bounds
-//! how long it could still run. Two copies of the command never overlap, which is what
-//! cancel-in-progress elsewhere (Kubernetes `Replace`, killing the old CI job) cannot promise.
+//! Waiting for a previous holder to stop before starting: after a `--replace` took the lease from
+//! a live holder ([`leases::replace`]), or took a place whose last holder is still stopping its
+//! command (a forced release, an earlier replacement), the command starts only once that holder
+//! has recorded its stop — or its own deadline has passed, which bounds how long it could still
+//! run. The fact lives on the lease row ([`leases::gate`]), not in this process: if this caller
+//! dies, pauses or is replaced in turn, whoever comes next waits for the same stop. Two copies
+//! of the command never overlap, which is what cancel-in-progress elsewhere (Kubernetes
+//! `Replace`, killing the old CI job) cannot promise.
 //!
 //! Meanwhile the new lease is renewed: the old holder's TTL may be far longer than ours.
 
@@ -11,74 +15,92 @@ use tokio::time::{sleep, Instant};
 
 use super::heartbeat::Heartbeat;
 use super::{bounded, release_within, STATEMENT_DEADLINE};
-use crate::config::{deadline, RunConfig};
+use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::Exit;
 use crate::signals::Signals;
-use crate::store::leases::Lease;
-use crate::store::runs;
+use crate::store::leases::{self, Gate, Lease};
 
-/// How often to look for the old holder's record.
+/// How often to look whether the old holder has stopped.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Waits for the holder `lease` replaced, if any (`sent`: when the statement that took it was
-/// sent), renewing `lease` meanwhile. `Some(exit)` when
-/// the wait ended without a go: our own lease was lost, or a signal arrived (the lease is then
-/// released).
+/// Waits until no previous holder of `lease`'s place is stopping any more, renewing `lease`
+/// meanwhile, and marks it busy (`busy`; `acquire` keeps it idle). `Some(exit)` when the wait
+/// ended without a go: our own lease was lost, or a signal arrived (the lease is then released).
 pub(super) async fn await_stop(
     db: &mut Db,
     cfg: &RunConfig,
-    (lease, sent): (&Lease, Instant),
+    lease: &Lease,
+    busy: bool,
     hb: &mut Heartbeat<'_>,
     signals: &mut Signals,
 ) -> Option<Exit> {
-    let r = lease.replaced.as_ref()?;
-    if r.idle {
+    if let Some(r) = lease.replaced.as_ref().filter(|r| r.idle) {
         info!(
             "replaced {} (fence {}) on '{}', which ran no command",
             r.who, r.fence, cfg.target
         );
+    }
+    if !lease.wait_for_stop {
         return None;
     }
-    if !cfg.quiet {
-        say!(
-            "replacing {} (fence {}) on '{}'; waiting for it to stop",
-            r.who,
-            r.fence,
-            cfg.target
-        );
-    }
     let started = Instant::now();
-    // Counted from the acquisition's send, before the database's `now()`: never late.
-    let expires_at = deadline(sent, r.expires_in);
+    let mut announced = false;
+    // When the previous holder's deadline passes, as last seen: a go after it is that deadline,
+    // not a recorded stop.
+    let mut deadline_at = started;
     loop {
         let until = (Instant::now() + STATEMENT_DEADLINE).min(hb.stop_at());
-        let look = runs::stop_recorded(&db.client, &db.schema, &cfg.target, r.fence);
-        match bounded(until, look).await {
-            Ok(Some((id, outcome))) => {
-                info!(
-                    "{} stopped after {} (run {id}, {})",
-                    r.who,
-                    crate::fmt::duration(started.elapsed()),
-                    outcome.as_str()
-                );
+        let left = match bounded(until, leases::gate(&db.client, &db.schema, lease, busy)).await {
+            Ok(Gate::Go) => {
+                if announced && Instant::now() + Duration::from_millis(20) >= deadline_at {
+                    info!(
+                        "the previous holder of '{}' recorded no stop, but its lease has expired by now",
+                        cfg.target
+                    );
+                } else if announced {
+                    info!(
+                        "the previous holder of '{}' stopped after {}",
+                        cfg.target,
+                        crate::fmt::duration(started.elapsed())
+                    );
+                }
                 return None;
             }
-            Ok(None) => {}
-            Err(e) => info!("cannot look for the replaced holder's run yet ({e:#})"),
-        }
-        let now = Instant::now();
-        if now >= expires_at {
-            info!(
-                "{} recorded no stop, but its lease has expired by now",
-                r.who
-            );
-            return None;
-        }
+            Ok(Gate::Lost) => {
+                say!(
+                    "the lease on '{}' was lost while waiting for its previous holder to stop; the command was not started",
+                    cfg.target
+                );
+                return Some(Exit::LeaseLost);
+            }
+            Ok(Gate::Wait { who, fence, left }) => {
+                if !announced && !cfg.quiet {
+                    let whom = match &lease.replaced {
+                        Some(r) if !r.idle && r.fence == fence => {
+                            format!("replacing {} (fence {fence})", r.who)
+                        }
+                        _ => format!("the previous holder {who} (fence {fence}) is stopping"),
+                    };
+                    say!(
+                        "{whom} on '{}'; waiting for it to stop (at most {})",
+                        cfg.target,
+                        crate::fmt::duration(left)
+                    );
+                }
+                announced = true;
+                deadline_at = Instant::now() + left;
+                left
+            }
+            Err(e) => {
+                info!("cannot look whether the previous holder has stopped yet ({e:#})");
+                POLL
+            }
+        };
         tokio::select! {
-            _ = sleep(POLL.min(expires_at - now)) => {}
+            _ = sleep(POLL.min(left + Duration::from_millis(5))) => {}
             reason = hb.keep(db) => {
-                say!("{reason} while waiting for {} to stop; the command was not started", r.who);
+                say!("{reason} while waiting for the previous holder to stop; the command was not started");
                 return Some(Exit::LeaseLost);
             }
             sig = signals.recv() => {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::heartbeat::Heartbeat;
-use super::wait::{obtain, Obtained};
+use super::wait::{obtain, Obtained, Resume};
 use super::{
     bounded, execute, prepare, release_within, replace, start, too_late, Me, Prepared, Started,
     STATEMENT_DEADLINE,
@@ -29,7 +29,7 @@ use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{Exit, Failure};
 use crate::signals::Signals;
-use crate::store::leases::{self, DbClock, Lease};
+use crate::store::leases::{self, Adopted, DbClock, Lease};
 
 /// `leasectl acquire`: takes the lease as `run` would, waits out a replaced holder, marks the
 /// lease idle (it runs nothing) and prints it. If it cannot be printed, it is released: a lease
@@ -46,17 +46,26 @@ pub async fn acquire(db_args: &DbArgs, args: AcquireArgs) -> Result<Exit> {
         Err(exit) => return Ok(exit),
     };
     let me = Me::new();
-    let (lease, acquired_at, listening) =
-        match obtain(&mut db, &cfg, &me, &mut signals, give_up_at).await? {
-            Obtained::Lease(l, at, listening) => (l, at, listening),
-            Obtained::Done(exit) => return Ok(exit),
-        };
+    let granted = match obtain(
+        &mut db,
+        &cfg,
+        &me,
+        &mut signals,
+        (give_up_at, Resume::default()),
+    )
+    .await?
+    {
+        Obtained::Lease(g) => g,
+        Obtained::Done(exit) => return Ok(exit),
+    };
+    let (lease, acquired_at, listening) = (granted.lease, granted.sent, granted.listening);
     let mut hb = Heartbeat::new(&lease, cfg.times(), acquired_at);
     if db.can_listen() {
         hb.watch_releases(listening);
     }
-    let replaced = (&lease, acquired_at);
-    if let Some(exit) = replace::await_stop(&mut db, &cfg, replaced, &mut hb, &mut signals).await {
+    if let Some(exit) =
+        replace::await_stop(&mut db, &cfg, &lease, false, &mut hb, &mut signals).await
+    {
         return Ok(exit);
     }
     let until = hb.stop_at();
@@ -135,31 +144,108 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// How often a step that waits for the running one (`run --token --wait`) looks again, besides
+/// being woken by the running step's save (NOTIFY on the lease channel).
+const STEP_POLL: Duration = Duration::from_millis(500);
+
 /// `run --token`: takes up the lease `acquire` took and runs the command under it as one step.
+///
+/// Steps of one lease run one at a time: while another step runs, this one exits busy at once,
+/// naming it — or, with `--wait`, waits for it to end (up to `--wait`'s limit, counted from
+/// `give_up_at`) and then runs if the lease is still held.
 pub(super) async fn step(
     db: &mut Db,
     mut cfg: RunConfig,
     me: &Me,
     token: Uuid,
     signals: &mut Signals,
+    give_up_at: Option<Instant>,
 ) -> Result<Exit> {
-    let sent = Instant::now();
-    let adopt = leases::adopt(
-        &db.client,
-        &db.schema,
-        &cfg.target,
-        token,
-        (&me.host, me.pid),
-    );
-    let adopted = tokio::select! {
-        r = bounded(sent + STATEMENT_DEADLINE, adopt) => r?,
-        sig = signals.recv() => return Ok(Exit::from_signal(sig)),
-    };
-    let Some((lease, ttl)) = adopted else {
-        let why = leases::why_not_held(&db.client, &db.schema, &cfg.target, token);
-        let why = bounded(Instant::now() + STATEMENT_DEADLINE, why).await?;
-        say!("{why}; the step was not started");
-        return Ok(Exit::LeaseLost);
+    let mut listening = false;
+    let mut waited: Option<Instant> = None;
+    let (lease, ttl, sent, answered) = loop {
+        let sent = Instant::now();
+        let adopt = leases::adopt(
+            &db.client,
+            &db.schema,
+            &cfg.target,
+            token,
+            (&me.host, me.pid),
+        );
+        let adopted = tokio::select! {
+            r = bounded(sent + STATEMENT_DEADLINE, adopt) => r?,
+            sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+        };
+        let running = match adopted {
+            Adopted::Held(lease, ttl) => break (lease, ttl, sent, Instant::now()),
+            Adopted::NotHeld => {
+                let why = leases::why_not_held(&db.client, &db.schema, &cfg.target, token);
+                let why = bounded(Instant::now() + STATEMENT_DEADLINE, why).await?;
+                say!("{why}; the step was not started");
+                return Ok(Exit::LeaseLost);
+            }
+            Adopted::StepRunning(who) => who,
+        };
+        if cfg.wait.is_none() {
+            if !cfg.quiet {
+                say!(
+                    "another step of the lease on '{}' is running ({running}); steps of one lease run one at a time (--wait waits for it)",
+                    cfg.target
+                );
+            }
+            return Ok(Exit::Busy(cfg.busy_exit_code));
+        }
+        if waited.is_none() {
+            info!(
+                "waiting for the running step of '{}' ({running}) to end",
+                cfg.target
+            );
+            waited = Some(Instant::now());
+        }
+        if !listening && db.can_listen() {
+            listening = true;
+            let channel = db.schema.lease_channel();
+            let listen = async {
+                crate::db::notify::listen(&db.client, &channel)
+                    .await
+                    .map_err(anyhow::Error::from)
+            };
+            if let Err(e) = bounded(Instant::now() + STATEMENT_DEADLINE, listen).await {
+                info!(
+                    "LISTEN failed ({e:#}); polling every {}",
+                    crate::fmt::duration(STEP_POLL)
+                );
+            }
+            // The step may have ended before LISTEN took effect: look again at once.
+            continue;
+        }
+        let woken = async {
+            tokio::select! {
+                _ = crate::db::notify::announced(&mut db.notifications, &cfg.target) => {}
+                _ = tokio::time::sleep(STEP_POLL) => {}
+            }
+        };
+        let give_up = async {
+            match give_up_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+            _ = woken => {}
+            _ = give_up => {
+                if !cfg.quiet {
+                    say!(
+                        "gave up waiting for the running step of '{}' ({running}) after {}",
+                        cfg.target,
+                        crate::fmt::duration(waited.map_or(Duration::ZERO, |w| w.elapsed()))
+                    );
+                }
+                return Ok(Exit::Busy(cfg.busy_exit_code));
+            }
+        }
     };
     // The step heartbeats by the TTL the lease was taken with.
     cfg.with_ttl(ttl)?;
@@ -169,13 +255,23 @@ pub(super) async fn step(
     );
     let mut hb = Heartbeat::new(&lease, cfg.times(), sent);
     if db.can_listen() {
-        hb.watch_releases(false);
+        hb.watch_releases(listening);
     }
     let clock = DbClock {
         db_time: lease.granted_at,
         local: sent,
     };
-    match prepare(db, &cfg, me, &lease, &hb, clock, signals).await? {
+    match prepare(
+        db,
+        &cfg,
+        me,
+        &lease,
+        &mut hb,
+        (clock, (sent, answered)),
+        signals,
+    )
+    .await?
+    {
         Prepared::Spawn(slot) => execute(db, &cfg, me, &lease, hb, (sent, slot), signals).await,
         Prepared::Done(exit) => Ok(exit),
         Prepared::TooLate { why, silent_db } => too_late(why, silent_db),

@@ -39,12 +39,45 @@ pub(super) fn waiter_ttl(ttl: Duration) -> Duration {
 }
 
 pub(super) enum Obtained {
-    /// We hold the lease; the instant is when the acquiring statement was sent; the flag says
-    /// whether the connection still LISTENs for releases.
-    Lease(Lease, Instant, bool),
+    /// We hold the lease.
+    Lease(Granted),
     /// Nothing to run: busy, shared a waited-for result, or a signal arrived while waiting.
     Done(Exit),
 }
+
+/// A lease just obtained, and what the caller needs to know about how.
+pub(super) struct Granted {
+    pub lease: Lease,
+    /// When the acquiring statement was sent: the lease cannot expire before this plus its TTL.
+    pub sent: Instant,
+    /// When its answer arrived: a late answer means the database (or the path to it) was slow.
+    pub answered: Instant,
+    /// The connection still LISTENs for releases.
+    pub listening: bool,
+    /// The place in the queue the caller had when the lease was granted, to join again with if
+    /// the command cannot be started in time after all.
+    pub ticket: Option<Ticket>,
+}
+
+/// Where a caller that waits again stands in the queue (see `run::keep_place`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Resume {
+    /// Queued already, with this ticket.
+    pub ticket: Option<Ticket>,
+    /// Not queued, but to join again with this old ticket, keeping the place.
+    pub again: Option<Ticket>,
+}
+
+/// How long the first attempt of a waiter may take past `--wait`'s limit: `--wait=0s` (or any
+/// limit already spent on connecting) still tries once.
+const FIRST_TRY: Duration = Duration::from_millis(250);
+
+/// How long a waiter that gives up (or is interrupted) may spend leaving the queue: a row left
+/// behind costs the others only its TTL, and the exit is promised within `--wait` + 0.5 s.
+const LEAVE_QUICKLY: Duration = Duration::from_millis(250);
+/// How long any other waiter that leaves without the lease (it shared a result, or was
+/// superseded) may spend on it: a row left behind holds the waiters behind it up for its TTL.
+const LEAVE: Duration = Duration::from_secs(2);
 
 /// Why waiting ended without the lease.
 enum Interrupted {
@@ -87,21 +120,32 @@ pub(super) async fn obtain(
     cfg: &RunConfig,
     me: &Me,
     signals: &mut Signals,
-    give_up_at: Option<Instant>,
+    (give_up_at, resume): (Option<Instant>, Resume),
 ) -> Result<Obtained> {
     let mut w = Waiter {
         listening: false,
         awaited: None,
         spinner: Spinner::default(),
         outage: None,
-        ticket: None,
+        last_error: None,
+        ticket: resume.ticket,
+        again: resume.again,
+        requeued: false,
+        hurried: false,
         since: None,
         next_notice: None,
         noticed: false,
     };
+    let mut first = true;
     let result = loop {
         let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
-        let attempt = match interruptible(attempt, signals, give_up_at).await {
+        // Any --wait tries at least once, however short or already spent.
+        let limit = match give_up_at {
+            Some(g) if first => Some(g.max(Instant::now() + FIRST_TRY)),
+            g => g,
+        };
+        first = false;
+        let attempt = match interruptible(attempt, signals, limit).await {
             Ok(a) => a,
             Err(why) => break Ok(w.interrupted(why, cfg)),
         };
@@ -117,16 +161,18 @@ pub(super) async fn obtain(
                 }
                 w.outage = None;
                 w.waiting(cfg, &busy);
-                // Wake at the holder's expiry or at the fallback poll, unless a release of our
-                // target (or a move of its queue) is announced first.
+                // Wake at the holder's expiry (or a stopping holder's deadline) or at the
+                // fallback poll, unless a release of our target, a confirmed stop or a move of
+                // its queue is announced first.
                 let poll = if db.can_listen() {
                     WAIT_POLL
                 } else {
                     POOLED_POLL
                 };
-                let wake = match &busy.holder {
-                    Some(h) => poll.min(h.expires_in + Duration::from_millis(20)),
-                    None => poll,
+                let wake = match (&busy.holder, &busy.stopping) {
+                    (Some(h), _) => poll.min(h.expires_in + Duration::from_millis(20)),
+                    (None, Some(st)) => poll.min(st.left + Duration::from_millis(20)),
+                    (None, None) => poll,
                 };
                 // And in time for the next --wait-notice line.
                 match w.next_notice {
@@ -144,6 +190,7 @@ pub(super) async fn obtain(
                         cfg.target
                     );
                 }
+                w.last_error = Some(format!("{e:#}"));
                 w.outage = Some(backoff);
                 w.listening = false;
                 backoff
@@ -163,7 +210,10 @@ pub(super) async fn obtain(
             let reconnect = timeout(STATEMENT_DEADLINE, db.reconnect());
             match interruptible(reconnect, signals, give_up_at).await {
                 Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => info!("reconnect failed: {e:#}"),
+                Ok(Ok(Err(e))) => {
+                    info!("reconnect failed: {e:#}");
+                    w.last_error = Some(format!("{e:#}"));
+                }
                 Ok(Err(_)) => info!("reconnect timed out"),
                 Err(why) => break Ok(w.interrupted(why, cfg)),
             }
@@ -177,6 +227,17 @@ pub(super) async fn obtain(
         _ => w.leave(db, cfg).await,
     }
     result
+}
+
+/// The one line of a busy caller that does not wait, or the start of it: a previous holder
+/// still stopping.
+fn describe_stopping(st: &waiters::Stopping) -> String {
+    format!(
+        "its previous holder {} (fence {}) is still stopping its command (at most {} more)",
+        st.who,
+        st.fence,
+        crate::fmt::duration(st.left)
+    )
 }
 
 fn mismatch(cfg: &RunConfig, in_force: i32) -> anyhow::Error {
@@ -200,6 +261,9 @@ fn describe_busy(busy: &Busy) -> String {
     match (&busy.holder, &busy.next) {
         (Some(h), _) if n == 0 => format!("{places}{}", h.describe()),
         (Some(h), _) => format!("{places}{}; {n} {callers} waiting", h.describe()),
+        (None, _) if busy.stopping.is_some() && busy.ahead == 0 => {
+            describe_stopping(busy.stopping.as_ref().unwrap())
+        }
         (None, next) => {
             let next = next
                 .as_ref()
@@ -217,8 +281,17 @@ struct Waiter {
     spinner: Spinner,
     /// Backoff while the database is unreachable.
     outage: Option<Duration>,
+    /// The last error while the database was unreachable, for the give-up line.
+    last_error: Option<String>,
     /// Our place in the queue, once we wait.
     ticket: Option<Ticket>,
+    /// The place we had before our lease could not be started in time: we join at it again.
+    again: Option<Ticket>,
+    /// `queued_until` was recomputed for the busy state we saw (see [`waiters::requeue`]): not
+    /// again until something changed.
+    requeued: bool,
+    /// The wait ended by `--wait`'s limit or a signal: leave the queue quickly.
+    hurried: bool,
     /// When we first found the target busy.
     since: Option<Instant>,
     /// When the next `--wait-notice` line is due.
@@ -243,6 +316,15 @@ impl Waiter {
             }
         }
         let sent = Instant::now();
+        let granted = |lease, listening, ticket| {
+            Ok(Attempt::Done(Obtained::Lease(Granted {
+                lease,
+                sent,
+                answered: Instant::now(),
+                listening,
+                ticket,
+            })))
+        };
         let who = Contender {
             token: me.token,
             ttl: cfg.ttl,
@@ -253,14 +335,10 @@ impl Waiter {
             max_holders: cfg.max_holders,
         };
         let busy = match leases::acquire(&db.client, &db.schema, &cfg.target, &who).await? {
-            Acquired::Held(l) => {
-                return Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)));
-            }
+            Acquired::Held(l) => return granted(l, self.listening, self.ticket),
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
-                    Acquired::Held(l) => {
-                        Ok(Attempt::Done(Obtained::Lease(l, sent, self.listening)))
-                    }
+                    Acquired::Held(l) => granted(l, self.listening, self.ticket),
                     Acquired::Mismatch { in_force } => Err(mismatch(cfg, in_force)),
                     Acquired::Busy(_) => Ok(Attempt::Again),
                 };
@@ -295,19 +373,42 @@ impl Waiter {
             }
             Some(Place::Position(_)) | None => {}
         }
+        let free = busy.holder.is_none() && busy.stopping.is_none() && busy.ahead == 0;
         // Released since our attempt, and nobody goes first: just try again. (Without a place,
         // the lease row's word that waiters may exist counts, as it did for the attempt.)
-        if busy.holder.is_none() && busy.ahead == 0 && (self.ticket.is_some() || !busy.queued) {
+        if free && (self.ticket.is_some() || !busy.queued) {
+            self.requeued = false;
             return Ok(Attempt::Again);
         }
+        // Free, nobody queues, but the row still says someone may: the waiters that made it
+        // say so have left or acquired. Correct it (under the target's lock) and try again.
+        if free && !self.requeued {
+            self.requeued = true;
+            let queued = waiters::requeue(&db.client, &db.schema, &cfg.target).await?;
+            info!(
+                "'{}' had no live waiter left in its queue{}",
+                cfg.target,
+                if queued { ", but one joined since" } else { "" }
+            );
+            return Ok(Attempt::Again);
+        }
+        self.requeued = false;
         if cfg.wait.is_none() {
             return Ok(Attempt::Wait(busy));
         }
         if self.ticket.is_none() {
             let me = (me.host.as_str(), me.pid, cfg.label.as_deref());
             let ttl = waiter_ttl(cfg.ttl);
-            let t = waiters::join(&db.client, &db.schema, &cfg.target, cfg.queue, ttl, me).await?;
-            info!("queued for '{}' (ticket {})", cfg.target, t.number);
+            let again = self.again.take().map(|t| t.number);
+            let how = (cfg.queue, again);
+            let t = waiters::join(&db.client, &db.schema, &cfg.target, how, ttl, me).await?;
+            match again {
+                Some(_) => info!(
+                    "queued again for '{}' in our old place (ticket {})",
+                    cfg.target, t.number
+                ),
+                None => info!("queued for '{}' (ticket {})", cfg.target, t.number),
+            }
             self.ticket = Some(t);
             // Try again at once, now with our place: the target may be free with nobody ahead.
             return Ok(Attempt::Again);
@@ -373,13 +474,15 @@ impl Waiter {
     }
 
     /// Leaves the queue, if we joined it: best-effort, briefly (a signal may be waiting for
-    /// our exit, and a row left behind only costs the others its TTL).
+    /// our exit, `--wait`'s limit has passed, and a row left behind only costs the others its
+    /// TTL).
     async fn leave(&mut self, db: &Db, cfg: &RunConfig) {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
-        let until = Instant::now() + Duration::from_secs(2);
-        if let Err(e) = bounded(until, waiters::leave(&db.client, &db.schema, ticket)).await {
+        let until = Instant::now() + if self.hurried { LEAVE_QUICKLY } else { LEAVE };
+        let leave = waiters::leave(&db.client, &db.schema, ticket);
+        if let Err(e) = bounded(until, leave).await {
             info!(
                 "could not leave the queue for '{}' ({e:#}); it expires with its TTL",
                 cfg.target
@@ -390,6 +493,7 @@ impl Waiter {
     /// The exit code when waiting ends without the lease.
     fn interrupted(&mut self, why: Interrupted, cfg: &RunConfig) -> Obtained {
         self.spinner.clear();
+        self.hurried = true;
         match why {
             Interrupted::Signal(sig) => Obtained::Done(Exit::from_signal(sig)),
             Interrupted::GaveUp => {
@@ -398,8 +502,12 @@ impl Waiter {
                         Some(Wait::Upto(d)) => d,
                         _ => Duration::ZERO,
                     };
+                    let why = match (&self.outage, &self.last_error) {
+                        (Some(_), Some(e)) => format!(" (the database did not answer: {e})"),
+                        _ => String::new(),
+                    };
                     say!(
-                        "gave up waiting for '{}' after {}",
+                        "gave up waiting for '{}' after {}{why}",
                         cfg.target,
                         crate::fmt::duration(waited)
                     );
@@ -461,6 +569,7 @@ fn standing(cfg: &RunConfig, busy: &Busy) -> String {
             h.who(),
             crate::fmt::duration(h.running)
         ),
+        (None, _) if busy.stopping.is_some() => describe_stopping(busy.stopping.as_ref().unwrap()),
         (None, Some(next)) => format!("not held; next in line: {next}"),
         (None, None) => "not held".to_owned(),
     };

@@ -37,8 +37,11 @@ pub struct Lease {
     /// the lease (renewed, and marked idle) instead of releasing it, and nothing else releases
     /// it either: that is `release --token`'s job, or its TTL's.
     pub keep: bool,
-    /// The holder this lease was taken from by `--replace`, whose stop must be awaited.
+    /// The holder this lease was taken from by `--replace`.
     pub replaced: Option<Replaced>,
+    /// A previous holder of the place may still be stopping its command (the one `--replace`
+    /// took it from, or an earlier one): nothing may be started before [`gate`] says so.
+    pub wait_for_stop: bool,
 }
 
 /// The holder a `--replace` took a lease from.
@@ -47,10 +50,8 @@ pub struct Replaced {
     /// `host pid N [label]`.
     pub who: String,
     pub fence: i64,
-    /// How long its lease still had to run when it was taken (its TTL after its last
-    /// heartbeat): it cannot run its command past that.
-    pub expires_in: Duration,
-    /// It ran no command (an `acquire`d lease between steps): nothing to wait for.
+    /// It ran no command (an `acquire`d lease between steps, or a replacement that was still
+    /// waiting itself): nothing of its own to wait for.
     pub idle: bool,
 }
 
@@ -230,7 +231,8 @@ async fn acquire_unqueued(
                 holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
                 holder_label = excluded.holder_label
           WHERE l.token = excluded.token
-             OR (l.max_holders = 1 AND (l.token IS NULL OR {expired}) AND NOT {queued})
+             OR (l.max_holders = 1 AND (l.token IS NULL OR {expired}) AND NOT {queued}
+                 AND NOT {stopping})
          RETURNING fence, now() AS granted_at",
     );
     let params: [(&(dyn ToSql + Sync), Type); 6] = [
@@ -245,8 +247,9 @@ async fn acquire_unqueued(
 }
 
 /// A waiter: the lease is free or expired, no live ordered waiter goes first and its own place
-/// is live. Its row leaves the queue in the same statement, and `queued_until` is recomputed
-/// from the waiters left.
+/// is live. Its row leaves the queue in the same statement. `queued_until` is left as it is: it
+/// only ever says that an ordered waiter *may* exist, and lowering it safely needs the target's
+/// lock and a fresh look at the queue ([`waiters::requeue`]), which whoever finds it stale does.
 async fn acquire_queued(
     client: &Client,
     schema: &Schema,
@@ -266,9 +269,10 @@ async fn acquire_queued(
                     SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
                         heartbeat_at = now(), acquired_at = now(),
                         holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
-                        holder_label = excluded.holder_label, queued_until = {{queued_until}}
+                        holder_label = excluded.holder_label
                   WHERE l.token = excluded.token
-                     OR (l.max_holders = 1 AND (l.token IS NULL OR {{expired}}) AND {clear})
+                     OR (l.max_holders = 1 AND (l.token IS NULL OR {{expired}})
+                         AND NOT {{stopping}} AND {clear})
                  RETURNING fence, now() AS granted_at
              ), dequeued AS (
                  DELETE FROM {{s}}.waiters WHERE ticket = $7 AND EXISTS (SELECT 1 FROM acquired)
@@ -276,8 +280,7 @@ async fn acquire_queued(
              SELECT fence, granted_at FROM acquired",
             clear = queue_clear("$1", "$7", "$8"),
         ),
-    )
-    .replace("$TICKET", "$7");
+    );
     let ordered = ticket.mode.ordered();
     let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&target, Type::TEXT),
@@ -302,6 +305,7 @@ fn lease_from_row(target: &str, who: &Contender<'_>, place: i32, row: &Row) -> L
         place,
         keep: false,
         replaced: None,
+        wait_for_stop: false,
     }
 }
 
@@ -352,7 +356,8 @@ async fn claim_place(
         schema,
         &format!(
             "SELECT l.place, l.max_holders, l.token = $2 AS mine,
-                    l.token IS NOT NULL AND NOT {{expired}} AS live, {clear} AS clear
+                    l.token IS NOT NULL AND NOT {{expired}} AS live, {{stopping}} AS stopping,
+                    {clear} AS clear
                FROM {{s}}.leases l WHERE l.target = $1 ORDER BY l.place",
             clear = queue_clear("$1", "$3", "$4"),
         ),
@@ -398,10 +403,19 @@ async fn claim_place(
     if !rows.first().is_some_and(|r| r.get::<_, bool>("clear")) {
         return Ok(Claim::Busy);
     }
+    // A place whose last holder is still stopping its command is taken by nobody; the single
+    // holder's place 0 excludes every other place, and every other place excludes place 0.
+    let stopping: Vec<i32> = rows
+        .iter()
+        .filter(|r| r.get::<_, bool>("stopping"))
+        .map(|r| r.get("place"))
+        .collect();
     let place = if n == 1 {
-        Some(0).filter(|_| live.is_empty())
+        Some(0).filter(|_| live.is_empty() && stopping.is_empty())
+    } else if stopping.contains(&0) {
+        None
     } else {
-        (1..=n).find(|p| !live.contains(p))
+        (1..=n).find(|p| !live.contains(p) && !stopping.contains(p))
     };
     let Some(place) = place else {
         return Ok(Claim::Busy);
@@ -548,7 +562,7 @@ async fn take_place(
     let read = sql(
         schema,
         "SELECT l.place, l.max_holders, l.token, l.fence, l.ttl_ms,
-                l.token IS NOT NULL AND NOT {expired} AS live,
+                l.token IS NOT NULL AND NOT {expired} AS live, {stopping} AS stopping,
                 l.idle_token IS NOT DISTINCT FROM l.token AS idle,
                 l.holder_host, l.holder_pid, l.holder_label,
                 {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms
@@ -556,6 +570,11 @@ async fn take_place(
     );
     let rows = client.query_typed(&read, &[(&target, Type::TEXT)]).await?;
     let live: Vec<&Row> = rows.iter().filter(|r| r.get::<_, bool>("live")).collect();
+    let stopping: Vec<i32> = rows
+        .iter()
+        .filter(|r| r.get::<_, bool>("stopping"))
+        .map(|r| r.get("place"))
+        .collect();
     let n = who.max_holders;
     let in_force = match (rows.first(), live.is_empty()) {
         (Some(r), false) => r.get("max_holders"),
@@ -565,12 +584,15 @@ async fn take_place(
         return Ok(Acquired::Mismatch { in_force });
     }
     let held = |p: i32| live.iter().any(|r| r.get::<_, i32>("place") == p);
-    let free = if n == 1 {
-        Some(0).filter(|p| !held(*p))
-    } else {
-        (1..=n).find(|p| !held(*p))
-    };
-    // Otherwise the oldest live holder: the one that has run longest.
+    // A free place, best one nobody is still stopping on (then nothing to wait for); otherwise
+    // one whose last holder is still stopping (the replacement waits for that stop, but stops
+    // nobody new); otherwise the oldest live holder's: the one that has run longest.
+    let places: Vec<i32> = if n == 1 { vec![0] } else { (1..=n).collect() };
+    let free = places
+        .iter()
+        .copied()
+        .filter(|p| !held(*p))
+        .min_by_key(|p| stopping.contains(p));
     let victim = match free {
         Some(_) => None,
         None => live
@@ -584,6 +606,17 @@ async fn take_place(
         (None, None) => unreachable!("a target with no free place has a live holder"),
     };
     let old_token: Option<Uuid> = victim.and_then(|v| v.get("token"));
+    // A victim that runs a command is stopping from now on: the place keeps that fact (see
+    // migrations/0011_stopping.sql). An idle victim (an `acquire`d lease between steps, or a
+    // replacement still waiting for a stop itself) runs nothing, and a stop it was waiting for
+    // stays on the place as it is.
+    let victim_runs = victim.is_some_and(|v| !v.get::<_, bool>("idle"));
+    let wait = victim_runs
+        || stopping.contains(&place)
+        || (n == 1 && !stopping.is_empty())
+        || (n > 1 && stopping.contains(&0));
+    // Until it may start, the replacement is marked idle: if it is replaced or force-released
+    // in turn, nothing of its own has to be waited for.
     let take = sql(
         schema,
         "WITH counter AS (
@@ -595,24 +628,32 @@ async fn take_place(
                     holder_host = CASE WHEN $9 = 0 THEN $4 END,
                     holder_pid = CASE WHEN $9 = 0 THEN $5 END,
                     holder_label = CASE WHEN $9 = 0 THEN $6 END,
+                    idle_token = CASE WHEN $9 = 0 AND $11 THEN $2 END,
                     preempted_token = CASE WHEN $9 = 0 THEN coalesce($7, l.preempted_token)
-                                           ELSE l.preempted_token END
+                                           ELSE l.preempted_token END,
+                    {take_stop}
               WHERE l.target = $1 AND l.place = 0
              RETURNING l.fence
          ), placed AS (
              INSERT INTO {s}.leases AS l
                     (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
-                     holder_host, holder_pid, holder_label, max_holders, preempted_token)
-             SELECT $1, $9, $2, counter.fence, $3, now(), now(), $4, $5, $6, $8, $7
+                     holder_host, holder_pid, holder_label, max_holders, preempted_token,
+                     idle_token)
+             SELECT $1, $9, $2, counter.fence, $3, now(), now(), $4, $5, $6, $8, $7,
+                    CASE WHEN $11 THEN $2 END
                FROM counter WHERE $9 > 0
              ON CONFLICT (target, place) DO UPDATE
                 SET token = excluded.token, fence = excluded.fence, ttl_ms = excluded.ttl_ms,
                     heartbeat_at = now(), acquired_at = now(),
                     holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
                     holder_label = excluded.holder_label, max_holders = excluded.max_holders,
-                    preempted_token = coalesce(excluded.preempted_token, l.preempted_token)
+                    preempted_token = coalesce(excluded.preempted_token, l.preempted_token),
+                    idle_token = excluded.idle_token,
+                    {take_stop}
          )
-         SELECT fence, now() AS granted_at, pg_notify($10, $1) FROM counter",
+         SELECT fence, now() AS granted_at, pg_notify($10, $1) FROM counter"
+            .replace("{take_stop}", TAKE_STOP)
+            .as_str(),
     );
     let channel = schema.lease_channel();
     let row = client
@@ -629,42 +670,156 @@ async fn take_place(
                 (&n, Type::INT4),
                 (&place, Type::INT4),
                 (&channel, Type::TEXT),
+                (&wait, Type::BOOL),
+                (&victim_runs, Type::BOOL),
             ],
         )
         .await?;
     let mut lease = lease_from_row(target, who, place, &row);
+    lease.wait_for_stop = wait;
     lease.replaced = victim.map(|v| {
         let h = holder_from_row(v);
         Replaced {
             who: h.who(),
             fence: h.fence,
-            expires_in: h.expires_in,
             idle: v.get("idle"),
         }
     });
     Ok(Acquired::Held(lease))
 }
 
+/// The `SET` items of a `--replace` that record its victim as stopping (`$12`: the victim runs
+/// a command), on whichever row the take updates (alias `l`, its values before the update). The
+/// row must still hold the victim's token (`$7`): if the victim released meanwhile, its command
+/// is done, and if a `release --force` came first, that one has recorded the stop already.
+const TAKE_STOP: &str = "stopping_token = CASE WHEN $12 AND l.token = $7 THEN l.token
+                                        ELSE l.stopping_token END,
+                    stopping_until = CASE WHEN $12 AND l.token = $7
+                                          THEN l.heartbeat_at + l.ttl_ms * interval '1 millisecond'
+                                          ELSE l.stopping_until END,
+                    stopping_host = CASE WHEN $12 AND l.token = $7 THEN l.holder_host
+                                         ELSE l.stopping_host END,
+                    stopping_pid = CASE WHEN $12 AND l.token = $7 THEN l.holder_pid
+                                        ELSE l.stopping_pid END,
+                    stopping_fence = CASE WHEN $12 AND l.token = $7 THEN l.fence
+                                          ELSE l.stopping_fence END";
+
+/// Whether a lease that had to wait for a previous holder's stop may start its command now.
+#[derive(Debug)]
+pub enum Gate {
+    /// Nobody is stopping any more: marked busy (or kept idle, for `acquire`).
+    Go,
+    /// A previous holder is still stopping: who, its fence, and how long it may still take at
+    /// most (its own deadline).
+    Wait {
+        who: String,
+        fence: i64,
+        left: Duration,
+    },
+    /// The lease is no longer ours: taken, released or expired.
+    Lost,
+}
+
+/// After a `--replace` (or any acquisition of a place whose last holder is still stopping): marks
+/// the lease busy (`busy`; `acquire` keeps it idle) once no previous holder is stopping on the
+/// place — or, for the single holder's place 0, on any place of the target, and for another
+/// place, on place 0. One statement, so a stop recorded and a lease lost are both seen as of now.
+pub async fn gate(client: &Client, schema: &Schema, lease: &Lease, busy: bool) -> Result<Gate> {
+    let sql = sql(
+        schema,
+        "WITH blocking AS (
+             SELECT l.stopping_host, l.stopping_pid, l.stopping_fence,
+                    {stopping_left_ms} AS left_ms
+               FROM {s}.leases l
+              WHERE l.target = $1 AND (l.place = $2 OR l.place = 0 OR $2 = 0) AND {stopping}
+              ORDER BY l.stopping_until DESC LIMIT 1
+         ), go AS (
+             UPDATE {s}.leases l SET idle_token = CASE WHEN $4 THEN NULL ELSE l.token END
+              WHERE l.target = $1 AND l.place = $2 AND l.token = $3 AND NOT {expired}
+                AND NOT EXISTS (SELECT 1 FROM blocking)
+             RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM go) AS went,
+                EXISTS (SELECT 1 FROM {s}.leases l
+                         WHERE l.target = $1 AND l.place = $2 AND l.token = $3
+                           AND NOT {expired}) AS held,
+                b.stopping_host, b.stopping_pid, b.stopping_fence, b.left_ms
+           FROM (SELECT 1) one LEFT JOIN blocking b ON true",
+    );
+    let row = client
+        .query_typed_one(
+            &sql,
+            &[
+                (&lease.target, Type::TEXT),
+                (&lease.place, Type::INT4),
+                (&lease.token, Type::UUID),
+                (&busy, Type::BOOL),
+            ],
+        )
+        .await
+        .context("cannot check whether the previous holder has stopped")?;
+    if row.get::<_, i64>("went") == 1 {
+        return Ok(Gate::Go);
+    }
+    if !row.get::<_, bool>("held") {
+        return Ok(Gate::Lost);
+    }
+    Ok(match row.get::<_, Option<i64>>("left_ms") {
+        Some(left_ms) => Gate::Wait {
+            who: who(row.get("stopping_host"), row.get("stopping_pid"), None),
+            fence: row.get::<_, Option<i64>>("stopping_fence").unwrap_or(0),
+            left: crate::fmt::millis(left_ms),
+        },
+        // The stop was confirmed between the two looks: ask again.
+        None => Gate::Wait {
+            who: "the previous holder".into(),
+            fence: 0,
+            left: Duration::ZERO,
+        },
+    })
+}
+
+/// What [`adopt`] found.
+#[derive(Debug)]
+pub enum Adopted {
+    /// Taken up for this step, with the TTL the lease was taken with.
+    Held(Lease, Duration),
+    /// Another step of the lease is running: `host pid N`. Steps of one lease run one at a time.
+    StepRunning(String),
+    /// The token does not hold a live lease of the target (taken over, released, or expired
+    /// since the last renewal).
+    NotHeld,
+}
+
 /// `run --token`: takes up a lease held by `acquire` for one step — renews it, marks it busy and
-/// names this process as its holder; with the TTL it was taken with, which the step heartbeats
-/// by. `None` when the token does not hold a live lease of the target (taken over, released, or
-/// expired since the last step).
+/// names this process as its holder — only while the token holds it, it has not expired on the
+/// database clock, and no other step runs under it (the lease is idle).
 pub async fn adopt(
     client: &Client,
     schema: &Schema,
     target: &str,
     token: Uuid,
     (host, pid): (&str, i32),
-) -> Result<Option<(Lease, Duration)>> {
+) -> Result<Adopted> {
     let sql = sql(
         schema,
-        "UPDATE {s}.leases l
-            SET heartbeat_at = now(), idle_token = NULL, holder_host = $3, holder_pid = $4
-          WHERE l.target = $1 AND l.token = $2 AND NOT {expired}
-         RETURNING l.fence, l.place, l.ttl_ms, l.holder_label, now() AS granted_at",
+        "WITH cur AS (
+             SELECT l.holder_host, l.holder_pid,
+                    l.idle_token IS NOT DISTINCT FROM l.token AS idle
+               FROM {s}.leases l
+              WHERE l.target = $1 AND l.token = $2 AND NOT {expired}
+         ), up AS (
+             UPDATE {s}.leases l
+                SET heartbeat_at = now(), idle_token = NULL, holder_host = $3, holder_pid = $4
+              WHERE l.target = $1 AND l.token = $2 AND NOT {expired} AND l.idle_token = l.token
+             RETURNING l.fence, l.place, l.ttl_ms, l.holder_label, now() AS granted_at
+         )
+         SELECT up.fence, up.place, up.ttl_ms, up.holder_label, up.granted_at,
+                cur.holder_host, cur.holder_pid, cur.idle
+           FROM (SELECT 1) one LEFT JOIN up ON true LEFT JOIN cur ON true",
     );
-    let rows = client
-        .query_typed(
+    let row = client
+        .query_typed_one(
             &sql,
             &[
                 (&target, Type::TEXT),
@@ -675,27 +830,37 @@ pub async fn adopt(
         )
         .await
         .context("cannot take up the lease")?;
-    Ok(rows.first().map(|r| {
+    if let Some(fence) = row.get::<_, Option<i64>>("fence") {
         let lease = Lease {
             target: target.to_owned(),
             token,
-            fence: r.get("fence"),
-            granted_at: r.get("granted_at"),
-            label: r.get("holder_label"),
-            place: r.get("place"),
+            fence,
+            granted_at: row.get("granted_at"),
+            label: row.get("holder_label"),
+            place: row.get("place"),
             keep: true,
             replaced: None,
+            wait_for_stop: false,
         };
-        (lease, crate::fmt::millis(r.get("ttl_ms")))
-    }))
+        return Ok(Adopted::Held(lease, crate::fmt::millis(row.get("ttl_ms"))));
+    }
+    Ok(match row.get::<_, Option<bool>>("idle") {
+        Some(false) => {
+            Adopted::StepRunning(who(row.get("holder_host"), row.get("holder_pid"), None))
+        }
+        // Idle in the snapshot but not for the update: a step took it up at this very moment.
+        Some(true) => Adopted::StepRunning("another step".into()),
+        None => Adopted::NotHeld,
+    })
 }
 
 /// `acquire`, once it holds the lease: renews it and marks it idle — no command runs under it
 /// until a `run --token` step takes it up. `false` when the token no longer holds it.
 pub async fn set_idle(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
-    let sql = schema.sql(
-        "UPDATE {s}.leases SET heartbeat_at = now(), idle_token = token
-          WHERE target = $1 AND token = $2",
+    let sql = sql(
+        schema,
+        "UPDATE {s}.leases l SET heartbeat_at = now(), idle_token = l.token
+          WHERE l.target = $1 AND l.token = $2 AND NOT {expired}",
     );
     let n = client
         .execute_typed(
@@ -767,15 +932,20 @@ pub async fn why_not_held(
     })
 }
 
-/// Renews the lease. `Ok(false)` means the token no longer matches: the lease was taken over
-/// or force-released, and the holder must stop at once.
+/// Renews the lease — only while it has not expired on the database clock as the statement runs:
+/// a heartbeat that reaches the database late (a black-holed connection delivering it after
+/// the TTL) must not revive a lease whose holder already counts as gone. `Ok(false)` means the
+/// lease was lost (expired, taken over or force-released), and the holder must stop at once.
 pub async fn heartbeat(
     client: &Client,
     schema: &Schema,
     lease: &Lease,
 ) -> Result<bool, tokio_postgres::Error> {
-    let sql =
-        schema.sql("UPDATE {s}.leases SET heartbeat_at = now() WHERE target = $1 AND token = $2");
+    let sql = sql(
+        schema,
+        "UPDATE {s}.leases l SET heartbeat_at = now()
+          WHERE l.target = $1 AND l.token = $2 AND NOT {expired}",
+    );
     let n = client
         .execute_typed(
             &sql,
@@ -785,27 +955,74 @@ pub async fn heartbeat(
     Ok(n == 1)
 }
 
-/// Releases the lease if we still hold it and wakes waiters. Returns whether it was ours.
+/// The holder's own release, once nothing of its command runs any more (or it never started):
+/// frees the place if the token still holds it (live or expired: nobody took it), confirms the
+/// stop if the lease was taken from it meanwhile (a forced release or `--replace`: see
+/// migrations/0011_stopping.sql), and wakes waiters. Returns whether the token held the place.
 pub async fn release(client: &Client, schema: &Schema, lease: &Lease) -> Result<bool> {
-    Ok(release_token(client, schema, &lease.target, lease.token)
-        .await?
-        .is_some())
+    let sql = schema.sql(
+        "WITH old AS (
+             SELECT place, token = $2 AS mine FROM {s}.leases
+              WHERE target = $1 AND (token = $2 OR stopping_token = $2) FOR UPDATE
+         )
+         UPDATE {s}.leases l
+            SET token = CASE WHEN old.mine THEN NULL ELSE l.token END,
+                holder_host = CASE WHEN old.mine THEN NULL ELSE l.holder_host END,
+                holder_pid = CASE WHEN old.mine THEN NULL ELSE l.holder_pid END,
+                holder_label = CASE WHEN old.mine THEN NULL ELSE l.holder_label END,
+                idle_token = CASE WHEN old.mine THEN NULL ELSE l.idle_token END,
+                stopping_token = CASE WHEN l.stopping_token = $2 THEN NULL
+                                      ELSE l.stopping_token END
+           FROM old WHERE l.target = $1 AND l.place = old.place
+         RETURNING old.mine, pg_notify($3, l.target)",
+    );
+    let channel = schema.lease_channel();
+    let rows = client
+        .query_typed(
+            &sql,
+            &[
+                (&lease.target, Type::TEXT),
+                (&lease.token, Type::UUID),
+                (&channel, Type::TEXT),
+            ],
+        )
+        .await
+        .context("cannot release the lease")?;
+    Ok(rows.iter().any(|r| r.get::<_, bool>("mine")))
 }
 
-/// Releases the place of `target` that `token` holds (live or expired: nobody took it) and wakes
-/// waiters. `None` when the token holds no place; otherwise whether its lease had expired.
+/// What `release --token` found.
+#[derive(Debug)]
+pub struct Released {
+    /// The lease had expired (nobody took it).
+    pub expired: bool,
+    /// A step was running under it: its holder, who is stopping now (it learns at once, or at
+    /// its next heartbeat) and may run until its own deadline at most.
+    pub stopping: Option<Holder>,
+}
+
+/// `release --token`: releases the place of `target` that `token` holds (live or expired: nobody
+/// took it) and wakes waiters. If a step runs under it, that step's holder is recorded as
+/// stopping, so nobody starts a command on the place before it has stopped (see
+/// migrations/0011_stopping.sql). `None` when the token holds no place.
 pub async fn release_token(
     client: &Client,
     schema: &Schema,
     target: &str,
     token: Uuid,
-) -> Result<Option<bool>> {
+) -> Result<Option<Released>> {
     let sql = sql(
         schema,
-        "UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
-                holder_label = NULL, idle_token = NULL
-          WHERE l.target = $1 AND l.token = $2
-         RETURNING {expired} AS expired, pg_notify($3, l.target)",
+        &format!(
+            "WITH old AS (
+                 {OLD_HOLDER} AND l.token = $2 FOR UPDATE
+             )
+             UPDATE {{s}}.leases l SET {FREE_PLACE}
+               FROM old WHERE l.target = old.target AND l.place = old.place
+             RETURNING NOT old.live AS expired, old.running, old.holder_host, old.holder_pid,
+                       old.holder_label, old.fence, old.ttl_ms, old.age_ms, old.running_ms,
+                       pg_notify($3, l.target)"
+        ),
     );
     let channel = schema.lease_channel();
     let rows = client
@@ -819,13 +1036,46 @@ pub async fn release_token(
         )
         .await
         .context("cannot release the lease")?;
-    Ok(rows.first().map(|r| r.get("expired")))
+    Ok(rows.first().map(|r| Released {
+        expired: r.get("expired"),
+        stopping: r.get::<_, bool>("running").then(|| holder_from_row(r)),
+    }))
 }
+
+/// The holders of `target` (alias `l`, the rows to free), as [`FREE_PLACE`] and the callers need
+/// them: `running` is a live holder whose command may still run (not an idle lease between
+/// steps), `deadline` its last heartbeat plus its TTL. Continued with `AND …` conditions.
+const OLD_HOLDER: &str = "SELECT l.target, l.place, l.token, l.holder_host, l.holder_pid,
+                    l.holder_label, l.fence, l.ttl_ms, {heartbeat_age_ms} AS age_ms,
+                    {running_ms} AS running_ms, NOT {expired} AS live,
+                    l.idle_token IS NOT DISTINCT FROM l.token AS idle,
+                    NOT {expired} AND l.idle_token IS DISTINCT FROM l.token AS running,
+                    l.heartbeat_at + l.ttl_ms * interval '1 millisecond' AS deadline
+               FROM {s}.leases l WHERE l.target = $1";
+
+/// The `SET` of a release from outside (`release --force`, `release --token`) for the row of
+/// `old` ([`OLD_HOLDER`]): the place is freed, and a holder whose command may still run is
+/// recorded as stopping until it confirms or its deadline passes. A stop already recorded (an
+/// idle replacement waiting for it) stays.
+const FREE_PLACE: &str = "token = NULL, holder_host = NULL, holder_pid = NULL,
+                    holder_label = NULL, idle_token = NULL,
+                    stopping_token = CASE WHEN old.running THEN old.token
+                                          ELSE l.stopping_token END,
+                    stopping_until = CASE WHEN old.running THEN old.deadline
+                                          ELSE l.stopping_until END,
+                    stopping_host = CASE WHEN old.running THEN old.holder_host
+                                         ELSE l.stopping_host END,
+                    stopping_pid = CASE WHEN old.running THEN old.holder_pid
+                                        ELSE l.stopping_pid END,
+                    stopping_fence = CASE WHEN old.running THEN old.fence
+                                          ELSE l.stopping_fence END";
 
 /// Operator override: frees `target` whoever holds it — every place, with `--max-holders`.
 /// Returns the holders it had, by place, and whether each was idle (an `acquire`d lease between
-/// steps: nothing runs). The fence is kept, so the next acquisition is still numbered higher.
-/// One statement, so the holders reported are the ones actually released.
+/// steps: nothing runs). A holder whose command may still run is recorded as stopping: the place
+/// stays taken for everyone until it confirmed its stop or its deadline passed. The fence is
+/// kept, so the next acquisition is still numbered higher. One statement, so the holders
+/// reported are the ones actually released.
 pub async fn force_release(
     client: &Client,
     schema: &Schema,
@@ -833,17 +1083,16 @@ pub async fn force_release(
 ) -> Result<Vec<(Holder, bool)>> {
     let sql = sql(
         schema,
-        "WITH old AS (
-             SELECT l.target, l.place, l.holder_host, l.holder_pid, l.holder_label, l.fence,
-                    l.ttl_ms, {heartbeat_age_ms} AS age_ms, {running_ms} AS running_ms,
-                    l.idle_token IS NOT DISTINCT FROM l.token AS idle
-               FROM {s}.leases l WHERE l.target = $1 AND l.token IS NOT NULL FOR UPDATE
-         )
-         UPDATE {s}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL,
-                holder_label = NULL, idle_token = NULL
-           FROM old WHERE l.target = old.target AND l.place = old.place
-         RETURNING old.place, old.holder_host, old.holder_pid, old.holder_label, old.fence,
-                   old.ttl_ms, old.age_ms, old.running_ms, old.idle, pg_notify($2, l.target)",
+        &format!(
+            "WITH old AS (
+                 {OLD_HOLDER} AND l.token IS NOT NULL FOR UPDATE
+             )
+             UPDATE {{s}}.leases l SET {FREE_PLACE}
+               FROM old WHERE l.target = old.target AND l.place = old.place
+             RETURNING old.place, old.holder_host, old.holder_pid, old.holder_label, old.fence,
+                       old.ttl_ms, old.age_ms, old.running_ms, old.idle,
+                       pg_notify($2, l.target)"
+        ),
     );
     let channel = schema.lease_channel();
     let rows = client
@@ -862,7 +1111,8 @@ pub async fn force_release(
 #[derive(Debug)]
 pub struct TargetStatus {
     pub target: String,
-    /// `held`, `expired` or `free`.
+    /// `held`, `stopping` (not held, but a holder it was taken from is still stopping its
+    /// command: nobody can take it yet), `expired` or `free`.
     pub state: String,
     pub holder_host: Option<String>,
     pub holder_pid: Option<i32>,
@@ -943,8 +1193,8 @@ pub async fn status(
     let sql = sql(
         schema,
         "SELECT l.target,
-                CASE WHEN p.live > 0 THEN 'held' WHEN p.tokens > 0 THEN 'expired'
-                     ELSE 'free' END AS state,
+                CASE WHEN p.live > 0 THEN 'held' WHEN p.stopping > 0 THEN 'stopping'
+                     WHEN p.tokens > 0 THEN 'expired' ELSE 'free' END AS state,
                 l.holder_host, l.holder_pid, l.holder_label, l.fence, l.max_holders,
                 CASE WHEN l.token IS NOT NULL THEN {heartbeat_age_ms} END AS heartbeat_age_ms,
                 l.ttl_ms,
@@ -960,7 +1210,9 @@ pub async fn status(
                 SELECT count(*) FILTER (WHERE a.token IS NOT NULL) AS tokens,
                        count(*) FILTER (WHERE a.token IS NOT NULL
                            AND a.heartbeat_at + a.ttl_ms * interval '1 millisecond' >= now())
-                         AS live
+                         AS live,
+                       count(*) FILTER (WHERE a.stopping_token IS NOT NULL
+                           AND a.stopping_until > now()) AS stopping
                   FROM {s}.leases a WHERE a.target = l.target
            ) p
            LEFT JOIN LATERAL (

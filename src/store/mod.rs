@@ -26,6 +26,16 @@ use crate::fmt::ms;
 /// A lease whose holder's own TTL ran out on the database clock (alias `l` for `leases`).
 const EXPIRED: &str = "(l.heartbeat_at + l.ttl_ms * interval '1 millisecond' < now())";
 
+/// The place's last holder, from whom the lease was taken while its command may still have run
+/// (`release --force`, `release --token` during a step, `--replace`), is still stopping it: it
+/// has neither confirmed its stop nor passed its own deadline (alias `l` for `leases`; see
+/// migrations/0011_stopping.sql). Nobody may start a command on the place meanwhile.
+const STOPPING: &str = "(l.stopping_token IS NOT NULL AND l.stopping_until > now())";
+
+/// Milliseconds until the stopping holder's deadline, never negative (alias `l` for `leases`).
+const STOPPING_LEFT_MS: &str =
+    "greatest(0, round(extract(epoch FROM l.stopping_until - now()) * 1000))::int8";
+
 /// Milliseconds since the holder's last heartbeat, never negative (alias `l` for `leases`).
 const HEARTBEAT_AGE_MS: &str =
     "greatest(0, round(extract(epoch FROM now() - l.heartbeat_at) * 1000))::int8";
@@ -85,7 +95,8 @@ const NOT_HELD: &str = "(NOT EXISTS (SELECT 1 FROM {s}.outbox b WHERE {held})
                           AND {held_now}
                        OFFSET 0))";
 
-/// Expands a statement template: the shared predicates `{expired}`, `{heartbeat_age_ms}`,
+/// Expands a statement template: the shared predicates `{expired}`, `{stopping}`,
+/// `{stopping_left_ms}`, `{heartbeat_age_ms}`,
 /// `{running_ms}`, `{queued}`, `{queued_until}` (with `$TICKET` to replace by the caller),
 /// `{live_waiter}`, `{not_held:o}` / `{not_held:p}`, `{held}`, `{held_now}`, `{agg_key:b}` /
 /// `{agg_key:o}` / `{agg_key:p}`, then `{s}` as the quoted schema.
@@ -100,6 +111,8 @@ fn sql(schema: &Schema, template: &str) -> String {
             .replace("{not_held:o}", &not_held("o"))
             .replace("{not_held:p}", &not_held("p"))
             .replace("{expired}", EXPIRED)
+            .replace("{stopping}", STOPPING)
+            .replace("{stopping_left_ms}", STOPPING_LEFT_MS)
             .replace("{heartbeat_age_ms}", HEARTBEAT_AGE_MS)
             .replace("{running_ms}", RUNNING_MS)
             .replace("{queued}", QUEUED)

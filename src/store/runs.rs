@@ -120,7 +120,9 @@ pub enum Saved {
 /// * `run` inserts the run; `event` inserts the run's outbox event and then the command's own
 ///   events (`LEASECTL_EVENTS`), in that order, in one INSERT so that `seq` follows it;
 ///   `released` frees the lease and wakes waiters (NOTIFY is delivered at commit, after the
-///   result is visible).
+///   result is visible) — or, for a step's lease ([`Lease::keep`]), renews it and marks it
+///   idle, which wakes a step waiting to take it up. A step's lease must not have expired:
+///   renewing it then would revive a lease its holder already counted as lost.
 ///
 /// One statement instead of BEGIN/SELECT/INSERT/INSERT/UPDATE/COMMIT saves five round trips,
 /// most of a short run's cost. It also notifies relays itself and sets
@@ -153,8 +155,10 @@ pub async fn save_fenced(
         schema,
         &format!(
             "WITH owner AS (
-             SELECT target, set_config('leasectl.outbox_notified', 'on', true)
-               FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
+             SELECT l.target, set_config('leasectl.outbox_notified', 'on', true)
+               FROM {{s}}.leases l
+              WHERE l.target = $2 AND l.token = $4 AND (NOT $27 OR NOT {{expired}})
+                FOR UPDATE
          ), run AS (
              {INSERT_RUN}
              SELECT {RUN_VALUES}, NULL::uuid FROM owner
@@ -183,7 +187,7 @@ pub async fn save_fenced(
                     idle_token = CASE WHEN $27 THEN l.token END,
                     heartbeat_at = now()
                FROM run WHERE l.target = run.target AND l.token = $4
-             RETURNING CASE WHEN NOT $27 THEN pg_notify($24, l.target) END
+             RETURNING pg_notify($24, l.target)
          )
          SELECT (SELECT count(*) FROM run) AS runs, (SELECT count(*) FROM event) AS events,
                 (SELECT count(*) FROM released) AS released"
@@ -303,6 +307,11 @@ fn event_payload(lease: &Lease, run: &RunRecord<'_>, f: &RunFields) -> serde_jso
 /// operator keeps its output (a rotated token printed by a fenced-out refresh must not vanish),
 /// but nothing downstream hears of it and `--reuse-within` never returns it.
 ///
+/// It is sent only once nothing of the command runs any more, so it also confirms the stop: if
+/// the lease was taken from this holder (`release --force`, `--replace`), the place's stopping
+/// fact is cleared and waiters are woken — the next holder need not wait out this one's
+/// deadline (see migrations/0011_stopping.sql).
+///
 /// The outcome is `preempted` when a `--replace` took the lease from this token (the place's
 /// `preempted_token`), with the replacement's fence in `preempted_by`; otherwise `lost`.
 pub async fn record_lost(
@@ -317,6 +326,10 @@ pub async fn record_lost(
             "WITH by AS (
                  SELECT fence, holder_host, holder_pid, holder_label FROM {{s}}.leases
                   WHERE target = $2 AND preempted_token = $4 LIMIT 1
+             ), confirmed AS (
+                 UPDATE {{s}}.leases SET stopping_token = NULL
+                  WHERE target = $2 AND stopping_token = $4
+                 RETURNING pg_notify($22, target)
              ), run AS (
                  {insert}
                  SELECT $1, $2, $3, $4, CASE WHEN by.fence IS NULL THEN $5 ELSE 'preempted' END,
@@ -325,14 +338,17 @@ pub async fn record_lost(
                    FROM (SELECT 1) one LEFT JOIN by ON true
                  ON CONFLICT (id) DO NOTHING
              )
-             SELECT by.fence, by.holder_host, by.holder_pid, by.holder_label
+             SELECT by.fence, by.holder_host, by.holder_pid, by.holder_label,
+                    (SELECT count(*) FROM confirmed) AS confirmed
                FROM (SELECT 1) one LEFT JOIN by ON true",
             insert = INSERT_RUN.replace("done_by)", "done_by, preempted_by)"),
         ),
     );
     let mut f = RunFields::new(run);
     f.outcome = Outcome::Lost.as_str();
-    let params = f.params(lease, run);
+    let channel = schema.lease_channel();
+    let mut params = f.params(lease, run);
+    params.push((&channel, Type::TEXT));
     let row = client
         .query_typed_one(&sql, &params)
         .await

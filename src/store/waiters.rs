@@ -101,6 +101,19 @@ pub struct Busy {
     pub next: Option<Who>,
     /// The caller's own place, when it has a ticket.
     pub mine: Option<Place>,
+    /// A previous holder of the target is still stopping its command (the lease was taken from
+    /// it): nobody starts before it has stopped or its deadline passed.
+    pub stopping: Option<Stopping>,
+}
+
+/// A previous holder still stopping its command (see migrations/0011_stopping.sql).
+#[derive(Debug, Clone)]
+pub struct Stopping {
+    /// `host pid N`.
+    pub who: String,
+    pub fence: i64,
+    /// Until its deadline at most.
+    pub left: Duration,
 }
 
 /// A waiter's own row, as its last poll found it.
@@ -117,12 +130,13 @@ pub enum Place {
 
 /// Joins the queue of `target` and returns the ticket; deletes the rows of dead waiters of the
 /// target and, for `--queue latest`, supersedes every older live waiter (announced on the lease
-/// channel so that they learn at once).
+/// channel so that they learn at once). `again`: the ticket of a waiter that was granted the
+/// lease but could not start in time, which joins again in its old place.
 pub async fn join(
     client: &Client,
     schema: &Schema,
     target: &str,
-    mode: QueueMode,
+    (mode, again): (QueueMode, Option<i64>),
     ttl: Duration,
     (host, pid, label): (&str, i32, Option<&str>),
 ) -> Result<Ticket> {
@@ -138,8 +152,8 @@ pub async fn join(
                 AND w.superseded_at + w.ttl_ms * interval '1 millisecond' < now()
          ), joined AS (
              INSERT INTO {s}.waiters
-                    (target, queue, ttl_ms, heartbeat_at, arrived_at, host, pid, label)
-             VALUES ($1, $2, $3, now(), now(), $4, $5, $6)
+                    ({ticket}target, queue, ttl_ms, heartbeat_at, arrived_at, host, pid, label)
+             {overriding} VALUES ({again}$1, $2, $3, now(), now(), $4, $5, $6)
              RETURNING ticket
          ), superseded AS (
              UPDATE {s}.waiters w
@@ -157,17 +171,30 @@ pub async fn join(
                 CASE WHEN EXISTS (SELECT 1 FROM superseded) THEN pg_notify($7, $1) END
            FROM joined",
     );
+    // Joining again takes the old ticket, so the waiter keeps its place.
+    let (ticket, overriding, again_p) = match again {
+        Some(_) => ("ticket, ", "OVERRIDING SYSTEM VALUE", "$8, "),
+        None => ("", "", ""),
+    };
+    let sql = sql
+        .replace("{ticket}", ticket)
+        .replace("{overriding}", overriding)
+        .replace("{again}", again_p);
     let mode_s = mode.as_str();
     let channel = schema.lease_channel();
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+    let ttl_ms = ms(ttl);
+    let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![
         (&target, Type::TEXT),
         (&mode_s, Type::TEXT),
-        (&ms(ttl), Type::INT8),
+        (&ttl_ms, Type::INT8),
         (&host, Type::TEXT),
         (&pid, Type::INT4),
         (&label, Type::TEXT),
         (&channel, Type::TEXT),
     ];
+    if let Some(number) = &again {
+        params.push((number, Type::INT8));
+    }
     let row = client
         .query_typed_one(&sql, &params)
         .await
@@ -225,7 +252,8 @@ pub async fn look(
                 (SELECT count(*) FROM q WHERE q.ticket < $2) + 1 AS position,
                 nxt.host AS next_host, nxt.pid AS next_pid, nxt.label AS next_label,
                 me.ticket AS my_ticket, me.superseded, me.superseded_host,
-                me.superseded_pid, me.superseded_label
+                me.superseded_pid, me.superseded_label,
+                st.stopping_host, st.stopping_pid, st.stopping_fence, st.stopping_left_ms
            FROM (SELECT 1) one
            -- The live holder whose lease runs out first (of several, with --max-holders).
            LEFT JOIN LATERAL (
@@ -236,7 +264,14 @@ pub async fn look(
                  ORDER BY l.heartbeat_at + l.ttl_ms * interval '1 millisecond' LIMIT 1
            ) h ON true
            LEFT JOIN nxt ON true
-           LEFT JOIN me ON true",
+           LEFT JOIN me ON true
+           -- The previous holder still stopping longest, of any place.
+           LEFT JOIN LATERAL (
+                SELECT l.stopping_host, l.stopping_pid, l.stopping_fence,
+                       {stopping_left_ms} AS stopping_left_ms
+                  FROM {s}.leases l WHERE l.target = $1 AND {stopping}
+                 ORDER BY l.stopping_until DESC LIMIT 1
+           ) st ON true",
     );
     let number = ticket.map(|t| t.number);
     let ordered = ticket.map(|t| t.mode.ordered());
@@ -260,7 +295,15 @@ pub async fn look(
         label: row.get("next_label"),
     });
     let mine = ticket.map(|_| place_from_row(&row));
+    let stopping = row
+        .get::<_, Option<i64>>("stopping_left_ms")
+        .map(|left| Stopping {
+            who: super::leases::who(row.get("stopping_host"), row.get("stopping_pid"), None),
+            fence: row.get::<_, Option<i64>>("stopping_fence").unwrap_or(0),
+            left: crate::fmt::millis(left),
+        });
     Ok(Busy {
+        stopping,
         holder,
         holders: row.get("holders"),
         in_force: row.get("in_force"),
@@ -286,20 +329,17 @@ fn place_from_row(row: &Row) -> Place {
     Place::Position(row.get("position"))
 }
 
-/// Leaves the queue (gave up, interrupted, superseded), waking the waiters behind, and
-/// recomputes `queued_until` from the waiters left.
+/// Leaves the queue (gave up, interrupted, superseded, or shared a result), waking the waiters
+/// behind. One short statement on the waiter's own row: with many waiters leaving at once (the
+/// callers of a singleflight sharing one result) none waits for another. `queued_until` is left
+/// as it is — it may now say a waiter may exist for a while longer than one does, which only ever
+/// errs on the safe side; the first caller that finds the target free with nobody queued corrects
+/// it ([`requeue`]).
 pub async fn leave(client: &Client, schema: &Schema, ticket: Ticket) -> Result<()> {
-    let sql = sql(
-        schema,
-        "WITH gone AS (
-             DELETE FROM {s}.waiters WHERE ticket = $1 RETURNING target
-         ), flagged AS (
-             UPDATE {s}.leases l SET queued_until = {queued_until}
-               FROM gone WHERE l.target = gone.target AND l.place = 0
-         )
+    let sql = schema.sql(
+        "WITH gone AS (DELETE FROM {s}.waiters WHERE ticket = $1 RETURNING target)
          SELECT pg_notify($2, target) FROM gone",
-    )
-    .replace("$TICKET", "$1");
+    );
     let channel = schema.lease_channel();
     client
         .query_typed(
@@ -309,6 +349,75 @@ pub async fn leave(client: &Client, schema: &Schema, ticket: Ticket) -> Result<(
         .await
         .context("cannot leave the queue")?;
     Ok(())
+}
+
+/// Lowers `queued_until` of `target` to when its last live ordered waiter runs out (NULL with
+/// none), and returns whether one may still exist. For a caller that found the lease free and
+/// nobody ahead, but the row still saying that waiters may exist.
+///
+/// `queued_until` is written by many sessions at once: joiners and renewing waiters only raise
+/// it (`greatest`, re-evaluated on the newest row version when they wait for its lock), so they
+/// can never lower it wrongly; but a statement that *recomputes* it from the waiters reads them
+/// as of its start — it would still count a waiter leaving concurrently (leaving `queued_until`
+/// a TTL too late, refusing plain runs meanwhile), and could miss a waiter that joined after its
+/// start (too early: a caller could slip ahead of it). So the recomputation runs only here, in a
+/// transaction whose first statement locks the target's row, so that the statement after it sees
+/// every waiter committed before, and a joiner that comes later waits for the lock and raises the
+/// value again.
+pub async fn requeue(client: &Client, schema: &Schema, target: &str) -> Result<bool> {
+    let work = async {
+        lock_target(client, schema, target).await?;
+        recompute(client, schema, target).await
+    };
+    in_transaction(client, work)
+        .await
+        .context("cannot update the queue")
+}
+
+/// Locks the target's place-0 row until the end of the transaction.
+async fn lock_target(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let lock = schema.sql("SELECT 1 FROM {s}.leases WHERE target = $1 AND place = 0 FOR UPDATE");
+    client.query_typed(&lock, &[(&target, Type::TEXT)]).await?;
+    Ok(())
+}
+
+/// Under the target's lock: `queued_until` from the live ordered waiters; whether one may exist.
+async fn recompute(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let set = sql(
+        schema,
+        "UPDATE {s}.leases l SET queued_until = {queued_until}
+          WHERE l.target = $1 AND l.place = 0
+         RETURNING {queued} AS queued",
+    )
+    .replace("$TICKET", "NULL::int8");
+    let rows = client.query_typed(&set, &[(&target, Type::TEXT)]).await?;
+    Ok(rows.first().is_some_and(|r| r.get("queued")))
+}
+
+/// Runs `work` in a transaction: commits it if it succeeded, otherwise rolls it back.
+async fn in_transaction<T>(
+    client: &Client,
+    work: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, tokio_postgres::Error> {
+    client.batch_execute("BEGIN").await?;
+    match work.await {
+        Ok(t) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(t)
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
 }
 
 /// One waiter as `status` lists it.

@@ -234,8 +234,13 @@ impl Drop for Env {
     }
 }
 
+/// The leasectl under test: the one this build made, or `LEASECTL_TEST_BIN` (an older build, to
+/// see a new test fail against the code before its fix).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_leasectl"))
+    std::env::var_os("LEASECTL_TEST_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_leasectl")),
+        PathBuf::from,
+    )
 }
 
 /// Polls `cond` every 20ms until it holds; panics with `what` after [`PATIENCE`].

@@ -537,7 +537,7 @@ fn with_asynchronous_replication_an_acquisition_the_standby_missed_hands_its_fen
     assert!(
         holder
             .stderr()
-            .contains("the lease on 'job' was taken over or force-released"),
+            .contains("the lease on 'job' was lost (taken over"),
         "{}",
         holder.stderr()
     );

@@ -172,7 +172,7 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9,10,12"
+        "1,2,3,4,5,6,7,8,9,10,11,12"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
@@ -181,13 +181,17 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0012, 0010, 0009, 0008, 0006, 0005,
-/// 0004 and 0003 add, removed; 0007 only recreates the trigger).
+/// Takes a current schema back to version 2 (what migrations 0012, 0011, 0010, 0009, 0008, 0006,
+/// 0005, 0004 and 0003 add, removed; 0007 only recreates the trigger).
 const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 12;
      ALTER TABLE leases DROP COLUMN slot_fence, DROP COLUMN slot, DROP COLUMN slot_end,
                         DROP COLUMN slot_schedule, DROP COLUMN slot_tz, DROP COLUMN slot_run;
      ALTER TABLE runs DROP COLUMN done_by_running;
      ALTER TABLE expectations DROP COLUMN schedule_since;
+     DELETE FROM schema_migrations WHERE version = 11;
+     ALTER TABLE leases DROP COLUMN stopping_token, DROP COLUMN stopping_until,
+                        DROP COLUMN stopping_host, DROP COLUMN stopping_pid,
+                        DROP COLUMN stopping_fence;
      DELETE FROM schema_migrations WHERE version = 10;
      DROP INDEX outbox_live;
      DELETE FROM schema_migrations WHERE version = 9;
@@ -258,7 +262,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9,10,12"
+        "1,2,3,4,5,6,7,8,9,10,11,12"
     );
     assert_eq!(
         env.scalar(&format!(

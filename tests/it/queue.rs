@@ -389,3 +389,151 @@ crate::via_pooler!(
     waiters_take_the_lease_in_arrival_order,
     queue_latest_leaves_only_the_newest_waiter_and_the_others_say_who_superseded_them,
 );
+
+/// Eight callers of a free target at once, `--wait --reuse-within`: one runs, the other seven
+/// reuse its result and leave the queue together. Each leaver used to lower `queued_until` from a
+/// snapshot that still saw the others, leaving it a TTL in the future: a plain run then found the
+/// free target "busy: 0 callers queue for it" for up to a minute. It must run at once.
+#[test]
+fn after_many_waiters_leave_together_a_free_target_runs_a_plain_caller_at_once() {
+    let env = Env::new();
+    for round in 0..3 {
+        let target = format!("oauth-{round}");
+        let gate = format!("gate-{round}");
+        let holder = hold_until(&env, &target, &gate, &[]);
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                env.spawn(&[
+                    "run",
+                    "--target",
+                    &target,
+                    "--wait",
+                    "--reuse-within",
+                    "1h",
+                    "--",
+                    "echo",
+                    "token",
+                ])
+            })
+            .collect();
+        wait_for("eight waiters to queue", || queued(&env, &target) == 8);
+        open(&env, &gate);
+        assert_eq!(code(&finish(holder)), 0);
+        for w in waiters {
+            let o = finish(w);
+            assert_eq!(code(&o), 0, "{}", stderr(&o));
+        }
+        assert_eq!(queued(&env, &target), 0);
+        let o = env.run(&["run", "--target", &target, "--", "true"]);
+        assert_eq!(code(&o), 0, "round {round}: {}", stderr(&o));
+    }
+}
+
+/// A waiter leaves while another joins: the leaver must not lower `queued_until` below the
+/// joiner's TTL, or a caller without `--wait` could take the lease ahead of a live waiter. The
+/// joiner here is the test's own transaction (the join's insert and raise, held open), so that
+/// the leave certainly overlaps it: a leave that recomputes the mark waits for the target's row
+/// and then, from its statement's earlier snapshot, misses the joiner.
+#[test]
+fn a_waiter_leaving_while_another_joins_leaves_the_queue_marked_for_the_joiner() {
+    let env = Env::new();
+    let holder = hold_until(&env, "t", "gate", &[]);
+    let mut leaver = env.spawn(&["run", "--target", "t", "--wait", "--", "true"]);
+    wait_for("the leaver to queue", || queued(&env, "t") == 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let joiner = rt.block_on(async {
+        let c = leasectl::db::Settings::new(Some(&env.direct_url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap();
+        c.batch_execute(&format!(
+            "SET search_path = \"{}\"; BEGIN;
+             INSERT INTO waiters (target, queue, ttl_ms, heartbeat_at, arrived_at, host, pid)
+             VALUES ('t', 'fifo', 60000, now(), now(), 'joiner', 1);
+             UPDATE leases SET queued_until = greatest(queued_until, now() + interval '60 s')
+              WHERE target = 't' AND place = 0;",
+            env.schema
+        ))
+        .await
+        .unwrap();
+        c
+    });
+    kill(leaver.id(), libc::SIGTERM);
+    // Either the leave is done, or it waits for the joiner's lock on the target's row.
+    wait_for("the leave to end or to wait for the joiner's lock", || {
+        leaver.try_wait().unwrap().is_some()
+            || env.scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND datname = current_database()
+                    AND query ILIKE '%waiters%'",
+            ) != "0"
+    });
+    rt.block_on(joiner.batch_execute("COMMIT")).unwrap();
+    assert!(exited_within(&mut leaver, PATIENCE).is_some());
+    assert_eq!(
+        env.scalar("SELECT queued_until > now() FROM leases WHERE target = 't' AND place = 0"),
+        "t",
+        "the leave lowered queued_until below a live waiter's TTL"
+    );
+    open(&env, "gate");
+    assert_eq!(code(&finish(holder)), 0);
+    // The joiner (a live row, nobody renews it) still goes first.
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+}
+
+/// `--wait=0s` (or any limit spent before the first attempt) still tries once.
+#[test]
+fn a_wait_of_zero_on_a_free_target_runs() {
+    let env = Env::new();
+    for wait in ["--wait=0s", "--wait=1ms"] {
+        let o = env.run(&["run", "--target", "t", wait, "--", "true"]);
+        assert_eq!(code(&o), 0, "{wait}: {}", stderr(&o));
+    }
+    let holder = hold_until(&env, "busy", "gate", &[]);
+    let o = env.run(&["run", "--target", "busy", "--wait=0s", "--", "true"]);
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    open(&env, "gate");
+    assert_eq!(code(&finish(holder)), 0);
+}
+
+/// A waiter keeps trying to reach a database that is down until its `--wait` is spent, then
+/// exits 75 (gave up) naming the last connection error — not 69 halfway through.
+#[test]
+fn a_waiter_retries_an_unreachable_database_until_its_wait_is_spent_then_exits_75() {
+    let env = Env::new();
+    let url = format!("postgresql://nobody@127.0.0.1:{}/none", spare_port());
+    for secs in [2u64, 3] {
+        let started = std::time::Instant::now();
+        let o = env
+            .command_at(&url)
+            .args([
+                "run",
+                "--target",
+                "t",
+                &format!("--wait={secs}s"),
+                "--",
+                "true",
+            ])
+            .output_in_time();
+        let took = started.elapsed();
+        assert_eq!(code(&o), 75, "{}", stderr(&o));
+        assert!(
+            took >= Duration::from_secs(secs),
+            "gave up after {took:?}, before --wait={secs}s was spent"
+        );
+        assert!(
+            took < Duration::from_secs(secs) + Duration::from_millis(1500),
+            "gave up only after {took:?}"
+        );
+        let err = stderr(&o);
+        assert!(
+            err.contains("gave up waiting for 't'") && err.contains("Connection refused"),
+            "{err}"
+        );
+    }
+}

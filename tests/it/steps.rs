@@ -248,9 +248,9 @@ fn token_flags_are_checked_before_connecting() {
     for (args, needle) in [
         (
             vec![
-                "run", "--target", "x", "--token", tok, "--wait", "--", "true",
+                "run", "--target", "x", "--token", tok, "--queue", "latest", "--", "true",
             ],
-            "--wait",
+            "--queue",
         ),
         (
             vec![
@@ -283,3 +283,168 @@ crate::via_pooler!(
     three_steps_run_under_one_lease_with_one_fence_and_the_lease_is_held_between_them,
     a_token_whose_lease_expired_and_was_taken_gets_76_from_run_renew_and_release,
 );
+
+/// Steps of one lease run one at a time: a second step while one runs is refused at once (75,
+/// naming the running one), nothing of it runs, and the running step is not disturbed.
+#[test]
+fn a_second_step_while_one_runs_is_busy_and_names_the_running_step() {
+    let env = Env::new();
+    let (token, _) = acquire(&env, "deploy", &["--ttl", "10m"]);
+    let log = env.path("log");
+    let a = env.spawn(&[
+        "run",
+        "--target",
+        "deploy",
+        "--token",
+        &token,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo \"a-start $(date +%s%N)\" >> '{0}'; {1}; echo \"a-end $(date +%s%N)\" >> '{0}'",
+            log.display(),
+            env.gate()
+        ),
+    ]);
+    wait_for("step a to start", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("a-start"))
+    });
+    let b = step(
+        &env,
+        "deploy",
+        &token,
+        &format!("echo b >> '{}'", log.display()),
+    );
+    assert_eq!(code(&b), 75, "{}", stderr(&b));
+    let pid = a.id().to_string();
+    assert!(
+        stderr(&b).contains("another step of the lease on 'deploy' is running")
+            && stderr(&b).contains(&format!("pid {pid}")),
+        "{}",
+        stderr(&b)
+    );
+    env.open_gate();
+    let a = finish(a);
+    assert_eq!(code(&a), 0, "{}", stderr(&a));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("b\n"), "the refused step ran:\n{text}");
+    // Once the step has ended, the next one runs.
+    let c = step(&env, "deploy", &token, "true");
+    assert_eq!(code(&c), 0, "{}", stderr(&c));
+}
+
+/// `run --token --wait` waits for the running step to end, then runs under the same lease.
+#[test]
+fn a_step_with_wait_runs_after_the_running_step_has_ended() {
+    let env = Env::new();
+    let (token, fence) = acquire(&env, "deploy", &["--ttl", "10m"]);
+    let log = env.path("log");
+    let stamp = |name: &str| format!("echo \"{name} $(date +%s%N)\" >> '{}'", log.display());
+    let a = env.spawn(&[
+        "run",
+        "--target",
+        "deploy",
+        "--token",
+        &token,
+        "--",
+        "sh",
+        "-c",
+        &format!("{}; sleep 1; {}", stamp("a-start"), stamp("a-end")),
+    ]);
+    wait_for("step a to start", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("a-start"))
+    });
+    let b = env.run(&[
+        "run",
+        "--target",
+        "deploy",
+        "--token",
+        &token,
+        "--wait=60s",
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "{}; echo \"$LEASECTL_FENCE\" >> '{}'",
+            stamp("b-start"),
+            log.display()
+        ),
+    ]);
+    assert_eq!(code(&b), 0, "{}", stderr(&b));
+    assert_eq!(code(&finish(a)), 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let at = |name: &str| -> u128 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(at("a-end") < at("b-start"), "the steps overlapped:\n{text}");
+    assert!(text.contains(&format!("\n{fence}\n")), "{text}");
+}
+
+/// A heartbeat that reaches the database after the lease expired does not revive it: the step
+/// loses its lease (76) and stops, and a later step with the stale token is refused (76) —
+/// even though nobody took the lease meanwhile. The expiry is made on the database clock by
+/// moving the last heartbeat back, as a black-holed connection would have let it lapse.
+#[test]
+fn a_heartbeat_after_the_expiry_does_not_revive_the_lease_and_the_stale_token_runs_nothing() {
+    let env = Env::new();
+    let (token, _) = acquire(&env, "deploy", &["--ttl", "3s"]);
+    let log = env.path("log");
+    let a = env.spawn(&[
+        "run",
+        "--target",
+        "deploy",
+        "--token",
+        &token,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "while :; do echo \"a $(date +%s%N)\" >> '{}'; sleep 0.05; done",
+            log.display()
+        ),
+    ]);
+    wait_for("step a to run", || log.exists());
+    env.sql("UPDATE leases SET heartbeat_at = now() - interval '1 minute' WHERE target = 'deploy'");
+    let a = finish(a);
+    assert_eq!(code(&a), 76, "{}", stderr(&a));
+    assert_eq!(
+        env.scalar(
+            "SELECT heartbeat_at < now() - interval '30 seconds' OR token IS NULL
+               FROM leases WHERE target = 'deploy'"
+        ),
+        "t",
+        "the late heartbeat revived the lease"
+    );
+    let b = step(
+        &env,
+        "deploy",
+        &token,
+        &format!("echo b >> '{}'", log.display()),
+    );
+    assert_eq!(code(&b), 76, "{}", stderr(&b));
+    assert!(
+        !std::fs::read_to_string(&log).unwrap().contains("b\n"),
+        "a step ran with a stale token"
+    );
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM runs WHERE outcome = 'completed'"),
+        "0"
+    );
+}
+
+/// The same for a plain run: its next heartbeat after the expiry is a lost lease (76), and the
+/// lease is not left held by a process that exited.
+#[test]
+fn a_plain_runs_heartbeat_after_the_expiry_loses_the_lease_and_leaves_it_free() {
+    let env = Env::new();
+    let holder = env.hold_with(env.command(), "job", &["--ttl", "3s"], "sleep 60");
+    env.sql("UPDATE leases SET heartbeat_at = now() - interval '1 minute' WHERE target = 'job'");
+    let o = finish(holder);
+    assert_eq!(code(&o), 76, "{}", stderr(&o));
+    let next = env.run(&["run", "--target", "job", "--", "true"]);
+    assert_eq!(code(&next), 0, "{}", stderr(&next));
+}
