@@ -63,10 +63,10 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 'Type of the outbox event stored with the result' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l events-limit -d 'Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores the run without any of them and exits 65' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly): a caller whose slot was already done by any host records a skip and exits 0' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly): a caller whose slot any host already did, or is doing, records a skip and exits 0' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin) [default: UTC]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-skew -d 'How early a caller may fire and still belong to the coming slot [default: 1m, or a quarter of the schedule\'s shortest interval if less]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done, or being done' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l replace -d 'Take the lease even from a live holder (the oldest, with --max-holders): it is told to stop, records its run `preempted` and exits 76; ours starts only once it has stopped'
@@ -141,7 +141,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l grace -d 'H
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l max-duration -d 'A holder running longer than this is "too long"' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Forget the expectation (a schedule from `run --slot` still watches the target)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Stop watching the target: forget the expectation and the schedule stored by `run --slot` (the next `run --slot` stores it again)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s V -l version -d 'Print version'

@@ -152,8 +152,10 @@ Durations: 500ms, 30s, 2m, 1h, 1d.
 
 With --slot SCHEDULE, at most one run per scheduled slot: the slot is the latest instant of the
 schedule at or before the database's clock plus --slot-skew, so cron lines on several hosts (or a
-manual run later that day) do the slot once; the others record a `skipped` run and exit 0. The
-child also sees LEASECTL_SLOT and LEASECTL_SLOT_END (RFC 3339).
+manual run later that day) do the slot once; the others record a `skipped` run and exit 0 — at
+once, also while the slot's run is still in progress, with or without --wait. A run of an earlier
+slot still in progress is busy (75, or --wait). The child also sees LEASECTL_SLOT and
+LEASECTL_SLOT_END (RFC 3339).
 
 With --wait, waiters queue: they take the lease in arrival order (--queue fifo), and a caller
 without --wait finds the target busy while anyone queues for it (no queue jumping). With
@@ -243,7 +245,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_byte_size, default_value = "10MiB", value_name = "BYTES")]
     pub events_limit: usize,
     /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
-    /// @monthly): a caller whose slot was already done by any host records a skip and exits 0
+    /// @monthly): a caller whose slot any host already did, or is doing, records a skip and
+    /// exits 0
     #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
@@ -261,7 +264,7 @@ pub struct RunArgs {
     #[arg(long, requires = "slot")]
     pub until_success: bool,
 
-    /// Exit code of a caller that finds its slot already done
+    /// Exit code of a caller that finds its slot already done, or being done
     #[arg(long, default_value_t = 0, value_name = "N", requires = "slot")]
     pub done_exit_code: u8,
 
@@ -382,7 +385,9 @@ $LEASECTL_EVENTS, checked, so shell jobs need no JSON quoting. leasectl inserts 
 in the same transaction that stores the run's result, after the run's own event and in file
 order: they exist if and only if the run was stored by the lease's current holder (a run that
 lost its lease stores none; its `lost` record keeps them). A malformed line written by other
-means, or more than --events-limit bytes, stores the run without any of them and exits 65.
+means, more than --events-limit bytes, or anything but a regular file left at that path (a FIFO,
+a symbolic link, a directory; never opened in a way that could block) stores the run without any
+of them and exits 65.
 Outside `leasectl run` it is a usage error (exit 2).
 
 Examples:
@@ -438,11 +443,13 @@ events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR
 --once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
 
 const EXPECT_HELP: &str = "\
-A target is watched when it has an expectation or a schedule (stored by `run --slot`). Each
-`expect` replaces the previous expectation whole; the schedule stays. Health is judged on the
-database clock: `status` shows it, `check` exits 1 on a problem, and a running `relay` turns each
-problem into one leasectl.target.<missed|overdue|failing|too_long> event and its end into one
-leasectl.target.recovered event.
+A target is watched when it has an expectation or a schedule (stored by `run --slot`; `status`
+says which). Each `expect` replaces the previous expectation whole; the schedule stays. --clear
+forgets both: the target is no longer watched until a later `run --slot` stores its schedule
+again, which then watches from that run on (no earlier slot counts as missed). Health is judged
+on the database clock: `status` shows it, `check` exits 1 on a problem, and a running `relay`
+turns each problem into one leasectl.target.<missed|overdue|failing|too_long> event and its end
+into one leasectl.target.recovered event.
 
 --grace applies to --every and to the schedule's slots [default: a tenth of the interval, at
 most 1h].
@@ -470,7 +477,8 @@ pub struct ExpectArgs {
     /// A holder running longer than this is "too long"
     #[arg(long, value_parser = parse_expected_duration, value_name = "DUR")]
     pub max_duration: Option<Duration>,
-    /// Forget the expectation (a schedule from `run --slot` still watches the target)
+    /// Stop watching the target: forget the expectation and the schedule stored by `run --slot`
+    /// (the next `run --slot` stores it again)
     #[arg(long, conflicts_with_all = ["every", "grace", "max_duration"])]
     pub clear: bool,
 }

@@ -155,15 +155,33 @@ pub struct Watch {
     pub max_duration_ms: Option<i64>,
     /// When the expectation row was last written.
     pub updated_at: SystemTime,
-    /// The earliest slot any stored run of the target belongs to.
-    pub first_slot: Option<SystemTime>,
-    /// The latest slot with a completed (or timed-out) run, or a skip — which is recorded only
-    /// when the slot's run had completed, and outlives that run when `prune` removed it.
+    /// Since when the schedule watches the target: when a `run --slot` stored it (first, changed,
+    /// or again after `expect --clear`). `None` only for a row written by hand.
+    pub schedule_since: Option<SystemTime>,
+    /// The latest slot with a completed (or timed-out) run, or a skip recorded after the slot's
+    /// run had done it (such a skip outlives that run when `prune` removed it). A skip recorded
+    /// while the slot's run was still running does not count: that run counts for itself once
+    /// stored, and if it never is (its holder was killed), the slot was not done.
     pub done_slot: Option<SystemTime>,
     /// When the newest successful run (completed, exit 0) finished.
     pub last_success_at: Option<SystemTime>,
     pub last_run: Option<LastRun>,
     pub holder: Option<Holder>,
+}
+
+impl Watch {
+    /// What watches the target, as `status` names it: `expect` (its `--every` or
+    /// `--max-duration`) and `--slot` (the schedule its latest `run --slot` stored).
+    pub fn watched_by(&self) -> Vec<&'static str> {
+        let mut by = Vec::new();
+        if self.every_ms.is_some() || self.max_duration_ms.is_some() {
+            by.push("expect");
+        }
+        if self.schedule.is_some() {
+            by.push("--slot");
+        }
+        by
+    }
 }
 
 /// One problem of a target: what, since when (database clock), and the facts behind it.
@@ -290,11 +308,11 @@ pub fn assess(w: &Watch) -> Assessment {
 }
 
 /// The latest slot that is over, if nothing completed in it or after it — and if the target
-/// was already watched then: a slot that ended before the schedule was stored (or before the
-/// first run in a slot) cannot have been missed.
+/// was already watched then: a slot that ended before the schedule was stored cannot have been
+/// missed.
 fn missed(w: &Watch, expr: &str, schedule: &Schedule, grace: Option<Duration>) -> Option<Problem> {
     let (start, end, g) = schedule.due_slot(w.now, grace)?;
-    let watched_from = w.first_slot.map_or(w.updated_at, |f| f.min(w.updated_at));
+    let watched_from = w.schedule_since.unwrap_or(w.updated_at);
     if end <= watched_from || w.done_slot.is_some_and(|d| d >= start) {
         return None;
     }
@@ -420,7 +438,7 @@ mod tests {
             grace_ms: None,
             max_duration_ms: None,
             updated_at: t("2026-01-01T00:00:00Z"),
-            first_slot: None,
+            schedule_since: None,
             done_slot: None,
             last_success_at: None,
             last_run: None,
@@ -493,6 +511,26 @@ mod tests {
         // Not yet watched when the slot ended.
         w.updated_at = t("2026-03-10T12:00:00Z");
         assert_eq!(assess(&w).health(), "ok");
+        // The schedule's own start decides, not the row's last change (an `expect` later on).
+        w.schedule_since = Some(t("2026-03-10T11:00:00Z"));
+        assert_eq!(assess(&w).health(), "missed");
+        // A schedule stored again (after `expect --clear`) after the slot ended.
+        w.schedule_since = Some(t("2026-03-10T12:00:10Z"));
+        assert_eq!(assess(&w).health(), "ok");
+    }
+
+    #[test]
+    fn a_watch_says_what_set_it() {
+        let mut w = watch("2026-03-10T12:00:00Z");
+        assert!(w.watched_by().is_empty());
+        w.grace_ms = Some(60_000);
+        assert!(w.watched_by().is_empty(), "a grace alone watches nothing");
+        w.schedule = Some("0 2 * * *".into());
+        assert_eq!(w.watched_by(), ["--slot"]);
+        w.max_duration_ms = Some(60_000);
+        assert_eq!(w.watched_by(), ["expect", "--slot"]);
+        w.schedule = None;
+        assert_eq!(w.watched_by(), ["expect"]);
     }
 
     #[test]

@@ -13,11 +13,7 @@ pub async fn run(db: &DbArgs, args: ExpectArgs) -> Result<Exit> {
     let line = if args.clear {
         match health::clear_expectation(&db.client, &db.schema, &args.target).await? {
             None => format!("'{}' is not watched\n", args.target),
-            Some(e) => format!(
-                "'{}': expectation cleared; still watched by {}\n",
-                args.target,
-                schedule(&e).unwrap_or_default()
-            ),
+            Some(e) => format!("'{}': {}\n", args.target, cleared(&e)),
         }
     } else {
         let e = health::set_expectation(
@@ -43,6 +39,19 @@ fn schedule(e: &Expectation) -> Option<String> {
             e.schedule_tz.as_deref().unwrap_or("UTC")
         )
     })
+}
+
+/// What `--clear` forgot, in one phrase.
+fn cleared(e: &Expectation) -> String {
+    let expected = e.every_ms.is_some() || e.max_duration_ms.is_some() || e.grace_ms.is_some();
+    match (expected, schedule(e)) {
+        (_, Some(s)) => format!(
+            "no longer watched ({}{s} forgotten; the next `run --slot` stores it again)",
+            if expected { "the expectation and " } else { "" }
+        ),
+        (true, None) => "no longer watched (the expectation forgotten)".into(),
+        (false, None) => "no longer watched".into(),
+    }
 }
 
 /// What is now expected, in one phrase.

@@ -36,6 +36,7 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
                     "slot": r.slot.map(fmt::rfc3339),
                     "slot_end": r.slot_end.map(fmt::rfc3339),
                     "done_by": r.done_by.map(|id| id.to_string()),
+                    "done_by_running": (r.outcome == "skipped").then_some(r.done_by_running),
                     "label": r.label,
                     "preempted_by": r.preempted_by,
                 })

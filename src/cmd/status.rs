@@ -18,13 +18,21 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let leases = leases::status(&db.client, &db.schema, args.target.as_deref()).await?;
     let named = args.target.as_ref().map(std::slice::from_ref);
     let watched = crate::store::health::watched(&db.client, &db.schema, named).await?;
-    // Health per watched target; a target expected before its first run has no lease row yet
-    // and is listed all the same (free, fence 0, no TTL).
-    let mut health: BTreeMap<String, &'static str> = watched
+    // Health per watched target, and what watches it; a target expected before its first run
+    // has no lease row yet and is listed all the same (free, fence 0, no TTL).
+    let mut health: BTreeMap<String, Watched> = watched
         .iter()
-        .map(|w| (w.target.clone(), health::assess(w).health()))
+        .map(|w| {
+            let watch = Watched {
+                health: health::assess(w).health(),
+                by: w.watched_by(),
+                schedule: w.schedule.clone(),
+                schedule_tz: w.schedule_tz.clone(),
+            };
+            (w.target.clone(), watch)
+        })
         .collect();
-    let mut targets: Vec<(String, Option<TargetStatus>, Option<&'static str>)> = leases
+    let mut targets: Vec<(String, Option<TargetStatus>, Option<Watched>)> = leases
         .into_iter()
         .map(|t| {
             let h = health.remove(&t.target);
@@ -52,6 +60,15 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
         let targets: Vec<Value> = targets
             .iter()
             .map(|(name, t, health)| {
+                let watch = health.as_ref();
+                let (health, watched_by) = (
+                    watch.map(|w| w.health),
+                    watch.map_or(&[][..], |w| w.by.as_slice()),
+                );
+                let (schedule, schedule_tz) = (
+                    watch.and_then(|w| w.schedule.as_deref()),
+                    watch.and_then(|w| w.schedule_tz.as_deref()),
+                );
                 let Some(t) = t else {
                     return json!({
                         "target": name,
@@ -63,6 +80,9 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                         "ttl_ms": null,
                         "last_run": null,
                         "health": health,
+                        "watched_by": watched_by,
+                        "schedule": schedule,
+                        "schedule_tz": schedule_tz,
                         "max_holders": 1,
                         "holders": [],
                         "waiters": [],
@@ -118,6 +138,9 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                     "last_run": last_run,
                     "skipped": t.skipped,
                     "health": health,
+                    "watched_by": watched_by,
+                    "schedule": schedule,
+                    "schedule_tz": schedule_tz,
                     "max_holders": t.max_holders,
                     "holders": holders,
                     "waiters": waiters,
@@ -140,7 +163,10 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let rows: Vec<Vec<String>> = targets
         .iter()
         .map(|(name, t, health)| {
-            let health = health.unwrap_or("-").to_owned();
+            // `ok (expect)`, `missed (--slot)`: the word and what watches the target.
+            let health = health.as_ref().map_or("-".to_owned(), |w| {
+                format!("{} ({})", w.health, w.by.join(", "))
+            });
             let Some(t) = t else {
                 let dash = || "-".to_owned();
                 return vec![
@@ -246,4 +272,15 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     ));
     super::print(out.as_bytes())?;
     Ok(Exit::Code(0))
+}
+
+/// What watches a target, for its row.
+struct Watched {
+    /// The health word.
+    health: &'static str,
+    /// `expect`, `--slot`, or both.
+    by: Vec<&'static str>,
+    /// The schedule its latest `run --slot` stored, and its zone (`None`: UTC).
+    schedule: Option<String>,
+    schedule_tz: Option<String>,
 }

@@ -86,6 +86,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "stopping",
         sql: include_str!("../../migrations/0011_stopping.sql"),
     },
+    Migration {
+        version: 12,
+        name: "lease_slot",
+        sql: include_str!("../../migrations/0012_lease_slot.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -9,6 +9,13 @@
 //! stores the run with the error and none of the events (kept raw in `runs.events`), and the
 //! run exits 65. A `lost` run keeps them raw too, for the operator.
 //!
+//! The command may also replace the file by anything else: a FIFO (whose plain `open` would wait
+//! forever for a writer, heartbeats and signals with it), a symbolic link (to a device, or to a
+//! file it has no business making us read), a directory, a socket. leasectl opens the name
+//! relative to the directory it created (an `openat` on the descriptor it kept, so a renamed or
+//! swapped directory does not redirect it), with `O_NONBLOCK | O_NOFOLLOW`, and reads only a
+//! regular file: anything else is a malformed events file (exit 65), found without ever blocking.
+//!
 //! A leasectl that is SIGKILLed cannot remove its directory. So the directory also holds a
 //! `lock` file that the owner keeps `flock`ed (not inherited by the command: close-on-exec), and
 //! every new run sweeps the directories of the same user whose lock nobody holds — their owner is
@@ -17,11 +24,12 @@
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
 
 use serde_json::{Map, Value};
 
@@ -34,12 +42,25 @@ const KEYS: [&str; 4] = ["aggregate_type", "aggregate_id", "type", "payload"];
 /// The prefix of the directories under the temporary directory.
 const PREFIX: &str = "leasectl-events-";
 
+/// The file's name in its directory.
+const NAME: &str = "events.jsonl";
+
+/// How a name the command could have replaced is opened: never waiting (a FIFO without a
+/// writer), never following a symbolic link, never taking a terminal as ours.
+const NEVER_BLOCK: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_NONBLOCK)
+    .union(OFlag::O_NOFOLLOW)
+    .union(OFlag::O_NOCTTY)
+    .union(OFlag::O_CLOEXEC);
+
 /// How old an unlocked directory must be before a sweep removes it.
 const SWEEP_AFTER: Duration = Duration::from_secs(60);
 
 /// The file and its private directory, removed when dropped.
 pub struct EventsFile {
     dir: PathBuf,
+    /// The directory we created, opened right after: the file is read relative to it.
+    dir_fd: File,
     path: PathBuf,
     /// Held while we live: tells a sweep that the directory is in use.
     _lock: Flock<File>,
@@ -68,8 +89,9 @@ impl EventsFile {
         ));
         DirBuilder::new().mode(0o700).create(&dir)?;
         match fill(&dir) {
-            Ok((path, lock)) => Ok(EventsFile {
+            Ok((dir_fd, path, lock)) => Ok(EventsFile {
                 dir,
+                dir_fd,
                 path,
                 _lock: lock,
             }),
@@ -84,12 +106,15 @@ impl EventsFile {
         &self.path
     }
 
-    /// Reads and checks what the command wrote, reading at most `limit + 1` bytes.
+    /// Reads and checks what the command wrote, reading at most `limit + 1` bytes; anything
+    /// but a regular file is refused without blocking.
     pub fn read(&self, limit: usize) -> JobEvents {
         let mut raw = Vec::new();
-        let read =
-            File::open(&self.path).and_then(|f| f.take(limit as u64 + 1).read_to_end(&mut raw));
-        if let Err(e) = read {
+        let file = match self.open() {
+            Ok(f) => f,
+            Err(why) => return JobEvents::Refused(why, raw),
+        };
+        if let Err(e) = file.take(limit as u64 + 1).read_to_end(&mut raw) {
             return JobEvents::Refused(format!("cannot read {VAR}: {e}"), raw);
         }
         if raw.len() > limit {
@@ -107,29 +132,96 @@ impl EventsFile {
     }
 }
 
-impl Drop for EventsFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-        let _ = std::fs::remove_file(self.dir.join("lock"));
-        let _ = std::fs::remove_dir(&self.dir);
+impl EventsFile {
+    /// The file, opened without blocking and only if it is a regular file; else why not.
+    fn open(&self) -> Result<File, String> {
+        let not_regular =
+            |kind: &str| format!("{VAR} is not a regular file (the command left {kind} there)");
+        match nix::fcntl::openat(&self.dir_fd, NAME, NEVER_BLOCK, Mode::empty()) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let kind = file
+                    .metadata()
+                    .map_err(|e| format!("cannot read {VAR}: {e}"))?
+                    .file_type();
+                match describe(kind) {
+                    None => Ok(file),
+                    Some(kind) => Err(not_regular(kind)),
+                }
+            }
+            // O_NOFOLLOW refuses a symbolic link with ELOOP; a socket cannot be opened (ENXIO).
+            // Name what is there rather than the errno.
+            Err(errno) => {
+                let there = nix::sys::stat::fstatat(
+                    &self.dir_fd,
+                    NAME,
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                );
+                match there.ok().and_then(|st| describe_mode(st.st_mode)) {
+                    Some(kind) => Err(not_regular(kind)),
+                    None => Err(format!("cannot read {VAR}: {}", io::Error::from(errno))),
+                }
+            }
+        }
     }
 }
 
-/// The locked `lock` file and the empty events file in a new directory.
-fn fill(dir: &Path) -> io::Result<(PathBuf, Flock<File>)> {
+/// What a file that is not a regular file is, as a phrase; `None` for a regular file.
+fn describe(t: std::fs::FileType) -> Option<&'static str> {
+    if t.is_file() {
+        None
+    } else if t.is_symlink() {
+        Some("a symbolic link")
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else {
+        Some("something else")
+    }
+}
+
+/// [`describe`] for a raw `st_mode`.
+fn describe_mode(mode: libc::mode_t) -> Option<&'static str> {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => None,
+        libc::S_IFLNK => Some("a symbolic link"),
+        libc::S_IFDIR => Some("a directory"),
+        libc::S_IFIFO => Some("a FIFO"),
+        libc::S_IFSOCK => Some("a socket"),
+        libc::S_IFCHR | libc::S_IFBLK => Some("a device"),
+        _ => Some("something else"),
+    }
+}
+
+impl Drop for EventsFile {
+    /// Removes the directory and whatever the command left in it (a directory in place of the
+    /// file included); a symbolic link in it is removed, never followed.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The directory opened, the locked `lock` file and the empty events file in a new directory.
+fn fill(dir: &Path) -> io::Result<(File, PathBuf, Flock<File>)> {
+    let dir_fd = File::open(dir)?;
     let lock = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(dir.join("lock"))?;
     let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| e)?;
-    let path = dir.join("events.jsonl");
+    let path = dir.join(NAME);
     OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(&path)?;
-    Ok((path, lock))
+    Ok((dir_fd, path, lock))
 }
 
 /// Removes this user's event directories under `tmp` whose owner is gone: older than
@@ -156,7 +248,13 @@ fn sweep(tmp: &Path) {
         if !meta.is_dir() || meta.uid() != uid || !old {
             continue;
         }
-        let abandoned = match File::open(dir.join("lock")) {
+        // Opened as the events file is: a FIFO or a link left in place of the lock by a command
+        // must not hang or redirect the sweep.
+        let lock = OpenOptions::new()
+            .read(true)
+            .custom_flags(NEVER_BLOCK.bits())
+            .open(dir.join("lock"));
+        let abandoned = match lock {
             // Ours to remove only while we hold its lock (closing the file releases it).
             Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
             Err(e) => e.kind() == io::ErrorKind::NotFound,
@@ -256,6 +354,57 @@ mod tests {
         assert!(!dir.exists());
     }
 
+    /// Whatever the command leaves in place of the file, only a regular file is read: the rest
+    /// is refused at once (a FIFO without a writer would block a plain `open` forever), and
+    /// the directory goes when the file is dropped, whatever is in it.
+    #[test]
+    fn anything_but_a_regular_file_is_refused_without_blocking() {
+        let target = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(target.path(), "{}").unwrap();
+        type Swap<'a> = &'a dyn Fn(&Path);
+        let swaps: [(&str, Swap); 4] = [
+            ("a FIFO", &|p| {
+                nix::unistd::mkfifo(p, Mode::from_bits_truncate(0o600)).unwrap()
+            }),
+            ("a directory", &|p| {
+                std::fs::create_dir(p).unwrap();
+                std::fs::write(p.join("x"), "x").unwrap();
+            }),
+            ("a symbolic link", &|p| {
+                std::os::unix::fs::symlink(target.path(), p).unwrap()
+            }),
+            ("a socket", &|p| {
+                std::os::unix::net::UnixListener::bind(p).unwrap();
+            }),
+        ];
+        for (kind, swap) in swaps {
+            let f = EventsFile::create().unwrap();
+            std::fs::remove_file(f.path()).unwrap();
+            swap(f.path());
+            let (tx, rx) = std::sync::mpsc::channel();
+            let path = f.path().to_owned();
+            std::thread::spawn(move || {
+                let _ = tx.send(match f.read(100) {
+                    JobEvents::Refused(why, raw) => Ok((why, raw.len(), f)),
+                    JobEvents::Valid(..) | JobEvents::None => Err("read"),
+                });
+            });
+            let (why, read, f) = rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("reading {kind} blocked"))
+                .unwrap_or_else(|e| panic!("{kind} was {e}"));
+            assert_eq!(
+                why,
+                format!("LEASECTL_EVENTS is not a regular file (the command left {kind} there)")
+            );
+            assert_eq!(read, 0, "{kind}");
+            let dir = path.parent().unwrap().to_owned();
+            drop(f);
+            assert!(!dir.exists(), "{kind}: {dir:?} is left");
+        }
+        assert_eq!(std::fs::read(target.path()).unwrap(), b"{}");
+    }
+
     /// A directory `name` under `tmp`, with a lock file, dated `age` ago.
     fn aged(tmp: &Path, name: &str, age: Duration) -> PathBuf {
         let dir = tmp.join(name);
@@ -282,7 +431,24 @@ mod tests {
         .unwrap();
         let young = aged(tmp.path(), "leasectl-events-3-c", Duration::ZERO);
         let other = aged(tmp.path(), "something-else", hour);
-        sweep(tmp.path());
+        // A command replaced the lock by a FIFO, and its leasectl was SIGKILLed: the sweep
+        // neither waits on it nor leaves it.
+        let fifo = aged(tmp.path(), "leasectl-events-4-d", hour);
+        std::fs::remove_file(fifo.join("lock")).unwrap();
+        nix::unistd::mkfifo(&fifo.join("lock"), Mode::from_bits_truncate(0o600)).unwrap();
+        File::open(&fifo)
+            .unwrap()
+            .set_modified(SystemTime::now() - hour)
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let swept = tmp.path().to_owned();
+        std::thread::spawn(move || {
+            sweep(&swept);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the sweep blocked");
+        assert!(!fifo.exists());
         assert!(!abandoned.exists());
         assert!(held.join("events.jsonl").exists());
         assert!(young.exists());

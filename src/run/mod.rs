@@ -71,6 +71,12 @@ struct Me {
     /// The lease token of every acquisition attempt this process makes (see
     /// [`leases::acquire`]).
     token: Uuid,
+    /// The id of the run of this process's command, whatever its outcome (a process runs its
+    /// command at most once). Chosen up front so that a `--slot` holder can name it on its lease
+    /// row before the run exists: a contender's skip names it in `done_by` (see [`slot`]). A
+    /// skip gets an id of its own: nothing names it, and a skip whose commit went unanswered
+    /// must not collide with a later record.
+    run: Uuid,
 }
 
 impl Me {
@@ -81,6 +87,7 @@ impl Me {
                 .unwrap_or_else(|_| "unknown".into()),
             pid: std::process::id() as i32,
             token: Uuid::new_v4(),
+            run: Uuid::new_v4(),
         }
     }
 }
@@ -334,7 +341,7 @@ fn new_record<'a>(
     slot: Option<Slot>,
 ) -> RunRecord<'a> {
     RunRecord {
-        id: Uuid::new_v4(),
+        id: me.run,
         outcome,
         status,
         exit_code_override: None,
@@ -569,13 +576,17 @@ async fn check_slot(
         )));
     };
     let now = clock.at(Instant::now());
-    let skip = new_record(cfg, me, Outcome::Skipped, None, (now, now), Some(slot));
+    let skip = RunRecord {
+        id: Uuid::new_v4(),
+        ..new_record(cfg, me, Outcome::Skipped, None, (now, now), Some(slot))
+    };
     let schedule = (sc.schedule.expr.as_str(), sc.schedule.zone.as_deref());
     let checked = runs::skip_if_done(
         &db.client,
         &db.schema,
         lease,
         &skip,
+        me.run,
         schedule,
         sc.until_success,
     );

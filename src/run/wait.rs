@@ -346,6 +346,10 @@ impl Waiter {
             Acquired::Busy(b) => b,
             Acquired::Mismatch { in_force } => return Err(mismatch(cfg, in_force)),
         };
+        // `--slot`: a holder doing this very slot leaves nothing to do (a skip), `--wait` or not.
+        if let Some(exit) = super::slot::skip_if_running(db, cfg, me).await? {
+            return Ok(Attempt::Done(Obtained::Done(exit)));
+        }
         match &busy.mine {
             Some(Place::Superseded(by)) => {
                 if !cfg.quiet {

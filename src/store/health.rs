@@ -17,6 +17,7 @@ use crate::health::{Holder, Kind, LastRun, Watch, RECOVERED};
 #[derive(Debug, Clone)]
 pub struct Expectation {
     pub target: String,
+    /// The schedule of the target's latest `run --slot`, and its zone (`None`: UTC).
     pub schedule: Option<String>,
     pub schedule_tz: Option<String>,
     pub every_ms: Option<i64>,
@@ -73,8 +74,10 @@ pub async fn set_expectation(
     Ok(expectation(&row))
 }
 
-/// `expect --clear`: forgets what `expect` set. The row goes when no schedule is left on it;
-/// otherwise the schedule (from `run --slot`) stays and is returned.
+/// `expect --clear`: forgets everything that watches the target — what `expect` set and the
+/// schedule its `run --slot` stored — and returns it, if there was a row. The target is no
+/// longer watched; a later `run --slot` stores its schedule again, and it watches the target
+/// from then on (`schedule_since`: no slot before it is missed).
 pub async fn clear_expectation(
     client: &Client,
     schema: &Schema,
@@ -83,14 +86,7 @@ pub async fn clear_expectation(
     let sql = sql(
         schema,
         &format!(
-            "WITH gone AS (
-                 DELETE FROM {{s}}.expectations WHERE target = $1 AND schedule IS NULL
-                 RETURNING target
-             )
-             UPDATE {{s}}.expectations
-                SET every_ms = NULL, grace_ms = NULL, max_duration_ms = NULL, updated_at = now()
-              WHERE target = $1 AND schedule IS NOT NULL
-             RETURNING {EXPECTATION_COLUMNS}"
+            "DELETE FROM {{s}}.expectations WHERE target = $1 RETURNING {EXPECTATION_COLUMNS}"
         ),
     );
     let rows = client
@@ -111,12 +107,11 @@ pub async fn watched(
     let sql = sql(
         schema,
         "SELECT now() AS now, e.target, e.schedule, e.schedule_tz, e.every_ms, e.grace_ms,
-                e.max_duration_ms, e.updated_at,
-                (SELECT min(r.slot) FROM {s}.runs r
-                  WHERE r.target = e.target AND r.slot IS NOT NULL) AS first_slot,
+                e.max_duration_ms, e.updated_at, e.schedule_since,
                 (SELECT max(r.slot) FROM {s}.runs r
                   WHERE r.target = e.target AND r.slot IS NOT NULL
-                    AND r.outcome IN ('completed', 'timed_out', 'skipped')) AS done_slot,
+                    AND (r.outcome IN ('completed', 'timed_out')
+                         OR r.outcome = 'skipped' AND NOT r.done_by_running)) AS done_slot,
                 (SELECT max(r.finished_at) FROM {s}.runs r
                   WHERE r.target = e.target AND r.outcome = 'completed' AND r.exit_code = 0)
                   AS last_success_at,
@@ -153,7 +148,7 @@ pub async fn watched(
             grace_ms: r.get("grace_ms"),
             max_duration_ms: r.get("max_duration_ms"),
             updated_at: r.get("updated_at"),
-            first_slot: r.get("first_slot"),
+            schedule_since: r.get("schedule_since"),
             done_slot: r.get("done_slot"),
             last_success_at: r.get("last_success_at"),
             last_run: r.get::<_, Option<uuid::Uuid>>("run_id").map(|id| LastRun {

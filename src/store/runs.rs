@@ -34,7 +34,8 @@ pub enum Outcome {
     Interrupted,
     Lost,
     ExecFailed,
-    /// `run --slot` found its slot already done and did not run (see [`skip_if_done`]).
+    /// `run --slot` found its slot already done, or being done by the lease's holder, and did
+    /// not run (see [`skip_if_done`], [`skip_without_lease`]).
     Skipped,
     /// A `--replace` took the lease; the command was stopped (see [`record_lost`]).
     Preempted,
@@ -429,9 +430,15 @@ const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
                                                         AND r.signal IS NULL)))";
 
 /// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
-/// latest one seen wins) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
+/// latest one seen wins; `schedule_since` says since when, for the health check: a schedule
+/// that is new, changed, or stored again after `expect --clear` forgot it watches the target
+/// from now on) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
 /// records `skip` as a `skipped` run naming it (`done_by`; no output, no outbox event) and
-/// releases the lease.
+/// releases the lease. Otherwise it writes on the lease row which slot of which schedule the
+/// caller is now doing, and the id its run will be stored with (`run_id`): a contender of the
+/// same slot finds it there and records a skip at once ([`skip_without_lease`]) instead of
+/// finding the target busy. Those columns describe a run in progress only while their fence is
+/// the row's: the next acquisition does not inherit them.
 ///
 /// The row lock on the lease (`owner`) makes the check and the skip, or the check and the
 /// run that follows, one critical section: two callers of the same slot cannot both find it
@@ -442,6 +449,7 @@ pub async fn skip_if_done(
     schema: &Schema,
     lease: &Lease,
     skip: &RunRecord<'_>,
+    run_id: Uuid,
     (schedule, zone): (&str, Option<&str>),
     until_success: bool,
 ) -> Result<SlotCheck> {
@@ -450,14 +458,17 @@ pub async fn skip_if_done(
     f.outcome = Outcome::Skipped.as_str();
     let mut params = f.params(lease, skip);
     // This statement's own parameters follow the run's, however many columns a run has.
-    let [slot, until, sched, tz, channel] =
+    let [slot, until, sched, tz, channel, run] =
         std::array::from_fn(|i| format!("${}", params.len() + i + 1));
+    // The skip's own `slot_end`.
+    let slot_end = "$20";
     params.extend([
         (&f.slot as &(dyn ToSql + Sync), Type::TIMESTAMPTZ),
         (&until_success, Type::BOOL),
         (&schedule, Type::TEXT),
         (&zone, Type::TEXT),
         (&lease_channel, Type::TEXT),
+        (&run_id, Type::UUID),
     ]);
     let slot_done = SLOT_DONE.replace("{until_success}", &until);
     let sql = sql(
@@ -466,11 +477,11 @@ pub async fn skip_if_done(
             "WITH owner AS (
              SELECT target FROM {{s}}.leases WHERE target = $2 AND token = $4 FOR UPDATE
          ), schedule AS (
-             INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz)
-             SELECT target, {sched}, {tz} FROM owner
+             INSERT INTO {{s}}.expectations AS e (target, schedule, schedule_tz, schedule_since)
+             SELECT target, {sched}, {tz}, now() FROM owner
              ON CONFLICT (target) DO UPDATE
                 SET schedule = excluded.schedule, schedule_tz = excluded.schedule_tz,
-                    updated_at = now()
+                    schedule_since = now(), updated_at = now()
               WHERE (e.schedule, e.schedule_tz)
                     IS DISTINCT FROM (excluded.schedule, excluded.schedule_tz)
          ), done AS (
@@ -485,6 +496,14 @@ pub async fn skip_if_done(
              UPDATE {{s}}.leases l SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL
                FROM run WHERE l.target = run.target AND l.token = $4
              RETURNING pg_notify({channel}, l.target)
+         ), doing AS (
+             -- Not done: the row says which slot this fence is doing (exclusive with `released`,
+             -- which updates the row only when the slot was done).
+             UPDATE {{s}}.leases l
+                SET slot_fence = l.fence, slot = {slot}, slot_end = {slot_end},
+                    slot_schedule = {sched}, slot_tz = {tz}, slot_run = {run}
+               FROM owner
+              WHERE l.target = owner.target AND l.token = $4 AND NOT EXISTS (SELECT 1 FROM done)
          )
          SELECT (SELECT count(*) FROM owner) AS owned, (SELECT done_by FROM run) AS done_by,
                 (SELECT count(*) FROM released) AS released"
@@ -501,6 +520,150 @@ pub async fn skip_if_done(
         Some(by) => SlotCheck::Done { by },
         None => SlotCheck::Open,
     })
+}
+
+/// What [`skip_without_lease`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotElsewhere {
+    /// The skip is recorded: run `by` (of fence `fence`) is doing the caller's slot (`running`:
+    /// its outcome is not known yet) or has done it.
+    Skipped {
+        by: Uuid,
+        fence: i64,
+        /// The slot's start.
+        slot: SystemTime,
+        running: bool,
+        /// `host pid N [label]` of the lease's holder, if it is held.
+        holder: Option<String>,
+    },
+    /// A live holder that has not said which slot it is doing — a `--slot` run between its
+    /// acquisition and its check, or a run without `--slot` — took the lease `held` ago.
+    Unsaid { held: Duration },
+    /// Anything else: another slot or schedule in progress, an expired or stopping holder, a
+    /// run of this slot that ended without doing it. Busy, as without `--slot`.
+    Busy,
+}
+
+/// A `--slot` caller that found the target busy, as its skip would record it.
+#[derive(Debug)]
+pub struct SlotCaller<'a> {
+    /// The id of its skip (a new one for every statement: one whose commit went unanswered
+    /// must not collide with the next).
+    pub id: Uuid,
+    /// Its own token (it holds no lease; `runs.token` is never empty).
+    pub token: Uuid,
+    pub argv: &'a [String],
+    pub host: &'a str,
+    pub pid: i32,
+    pub label: Option<&'a str>,
+    /// `--slot` and `--slot-tz` as given (NULL: UTC), `--slot-skew` and `--until-success`.
+    pub schedule: &'a str,
+    pub zone: Option<&'a str>,
+    pub skew: Duration,
+    pub until_success: bool,
+}
+
+/// For a `--slot` caller that found the target busy, in one statement and without the lease:
+/// if the lease row says its holder is doing the caller's slot — the same schedule and zone,
+/// and the database's `now() + skew` inside the slot the holder recorded (see [`skip_if_done`])
+/// — and that run is not stored yet, or it is stored and did the slot ([`SLOT_DONE`], by the
+/// caller's `--until-success`), records `skip` as a `skipped` run naming it (`done_by`, the id
+/// the holder's run has or will have; `done_by_running` while it is not stored) with that run's
+/// fence, the slot and the caller's host, pid and label; no output, no outbox event.
+///
+/// "In progress" needs the holder's own fence on the slot columns and a live token; "did it"
+/// needs only the stored run, whoever holds the lease now. A run of the slot that ended without
+/// doing it (a failure with `--until-success`, `lost`, `interrupted`) leaves the slot open: the
+/// caller is busy, or waits, and whoever takes the lease next runs the slot.
+pub async fn skip_without_lease(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    c: &SlotCaller<'_>,
+) -> Result<SlotElsewhere> {
+    let slot_done = SLOT_DONE.replace("{until_success}", "$11");
+    let sql = sql(
+        schema,
+        &format!(
+            "WITH l AS (
+             SELECT l.target, l.fence, l.slot_fence, l.slot, l.slot_end, l.slot_run,
+                    l.holder_host, l.holder_pid, l.holder_label,
+                    (l.token IS NOT NULL AND NOT {{expired}}) AS live, {{running_ms}} AS held_ms,
+                    coalesce(l.slot_schedule = $3 AND l.slot_tz IS NOT DISTINCT FROM $4
+                             AND l.slot <= now() + $5 * interval '1 millisecond'
+                             AND now() + $5 * interval '1 millisecond' < l.slot_end, false)
+                      AS this_slot
+               FROM {{s}}.leases l WHERE l.target = $1 AND l.place = 0
+         ), stored AS (
+             SELECT {slot_done} AS done FROM {{s}}.runs r JOIN l ON r.id = l.slot_run
+         ), decided AS (
+             SELECT l.*,
+                    CASE WHEN NOT l.this_slot THEN NULL
+                         WHEN EXISTS (SELECT 1 FROM stored WHERE done) THEN false
+                         WHEN l.live AND l.slot_fence = l.fence
+                              AND NOT EXISTS (SELECT 1 FROM stored) THEN true
+                    END AS running
+               FROM l
+         ), run AS (
+             INSERT INTO {{s}}.runs (id, target, fence, token, outcome, argv, host, pid,
+                                     started_at, finished_at, stdout, stderr, stdout_truncated,
+                                     stderr_truncated, slot, slot_end, label, done_by,
+                                     done_by_running)
+             SELECT $2, d.target, d.slot_fence, $6, 'skipped', $7, $8, $9, now(), now(), '', '',
+                    false, false, d.slot, d.slot_end, $10, d.slot_run, d.running
+               FROM decided d WHERE d.running IS NOT NULL
+             RETURNING id
+         )
+         SELECT d.slot_fence, d.slot_run, d.slot, d.running, d.live, d.held_ms, d.holder_host,
+                d.holder_pid, d.holder_label,
+                (d.slot_fence IS NOT DISTINCT FROM d.fence) AS said,
+                (SELECT count(*) FROM run) AS recorded
+           FROM decided d"
+        ),
+    );
+    let skew_ms = ms(c.skew);
+    let params: [(&(dyn ToSql + Sync), Type); 11] = [
+        (&target, Type::TEXT),
+        (&c.id, Type::UUID),
+        (&c.schedule, Type::TEXT),
+        (&c.zone, Type::TEXT),
+        (&skew_ms, Type::INT8),
+        (&c.token, Type::UUID),
+        (&c.argv, Type::TEXT_ARRAY),
+        (&c.host, Type::TEXT),
+        (&c.pid, Type::INT4),
+        (&c.label, Type::TEXT),
+        (&c.until_success, Type::BOOL),
+    ];
+    let rows = client
+        .query_typed(&sql, &params)
+        .await
+        .context("cannot check whether the holder is doing this slot")?;
+    let Some(row) = rows.first() else {
+        return Ok(SlotElsewhere::Busy);
+    };
+    if row.get::<_, i64>("recorded") == 1 {
+        let live: bool = row.get("live");
+        return Ok(SlotElsewhere::Skipped {
+            by: row.get("slot_run"),
+            fence: row.get("slot_fence"),
+            slot: row.get("slot"),
+            running: row.get("running"),
+            holder: live.then(|| {
+                super::leases::who(
+                    row.get("holder_host"),
+                    row.get("holder_pid"),
+                    row.get("holder_label"),
+                )
+            }),
+        });
+    }
+    if row.get("live") && !row.get::<_, bool>("said") {
+        return Ok(SlotElsewhere::Unsaid {
+            held: crate::fmt::millis(row.get("held_ms")),
+        });
+    }
+    Ok(SlotElsewhere::Busy)
 }
 
 /// A stored run whose stdout another caller may print instead of running.
@@ -534,7 +697,10 @@ pub async fn reusable(
     Ok(rows.first().map(reusable_from_row))
 }
 
-/// The run stored by the acquisition numbered `fence`, if it has finished.
+/// The run stored by the acquisition numbered `fence`, if it has finished. Skips are not runs of
+/// that acquisition even when they carry its fence: a `--slot` caller that skips without the
+/// lease records the fence of the run that did (or is doing) its slot, possibly after that run
+/// ended ([`skip_without_lease`]).
 pub async fn run_by_fence(
     client: &Client,
     schema: &Schema,
@@ -544,7 +710,8 @@ pub async fn run_by_fence(
     let sql = sql(
         schema,
         "SELECT id, outcome, exit_code, signal, stdout, stdout_truncated FROM {s}.runs
-          WHERE target = $1 AND fence = $2 ORDER BY finished_at DESC LIMIT 1",
+          WHERE target = $1 AND fence = $2 AND outcome <> 'skipped'
+          ORDER BY finished_at DESC LIMIT 1",
     );
     let rows = client
         .query_typed(&sql, &[(&target, Type::TEXT), (&fence, Type::INT8)])
@@ -587,10 +754,12 @@ pub struct Listed {
     pub stderr_truncated: bool,
     pub argv: Vec<String>,
     pub error: Option<String>,
-    /// `run --slot`: the slot, its end, and for a skip the run that had done it.
+    /// `run --slot`: the slot, its end, and for a skip the run that had done it — or was doing
+    /// it (`done_by_running`) when the skip was recorded.
     pub slot: Option<SystemTime>,
     pub slot_end: Option<SystemTime>,
     pub done_by: Option<Uuid>,
+    pub done_by_running: bool,
     /// `run --label`.
     pub label: Option<String>,
     /// `preempted`: the fence of the `--replace` that took the lease.
@@ -611,7 +780,7 @@ pub async fn list(
                 round(extract(epoch FROM now() - finished_at) * 1000)::int8 AS age_ms,
                 length(stdout)::int8 AS stdout_bytes, stdout_truncated,
                 length(stderr)::int8 AS stderr_bytes, stderr_truncated, argv, error,
-                slot, slot_end, done_by, label, preempted_by
+                slot, slot_end, done_by, done_by_running, label, preempted_by
            FROM {s}.runs WHERE target = $1
           ORDER BY finished_at DESC LIMIT $2",
     );
@@ -643,6 +812,7 @@ pub async fn list(
             slot: r.get("slot"),
             slot_end: r.get("slot_end"),
             done_by: r.get("done_by"),
+            done_by_running: r.get("done_by_running"),
             label: r.get("label"),
         })
         .collect())

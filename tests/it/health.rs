@@ -104,21 +104,137 @@ fn expect_stores_and_clears_what_is_expected_and_bad_durations_are_usage_errors(
 
     let o = env.run(&["expect", "--target", "nightly", "--clear"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    assert_eq!(stdout(&o), "'nightly' is not watched\n");
+    assert_eq!(
+        stdout(&o),
+        "'nightly': no longer watched (the expectation forgotten)\n"
+    );
     assert_eq!(env.scalar("SELECT count(*) FROM expectations"), "0");
+    let o = env.run(&["expect", "--target", "nightly", "--clear"]);
+    assert_eq!(
+        (code(&o), stdout(&o)),
+        (0, "'nightly' is not watched\n".to_owned())
+    );
 
-    // A schedule from `run --slot` survives --clear and keeps the target watched.
+    // A schedule from `run --slot` goes with it.
     expect_sql(&env, "cron", "'0 2 * * *'", "60000", "NULL", "0s");
     let o = env.run(&["expect", "--target", "cron", "--clear"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
-        "'cron': expectation cleared; still watched by its schedule '0 2 * * *' (UTC, from run --slot)\n"
+        "'cron': no longer watched (the expectation and its schedule '0 2 * * *' (UTC, from run --slot) forgotten; the next `run --slot` stores it again)\n"
     );
+    assert_eq!(env.scalar("SELECT count(*) FROM expectations"), "0");
+}
+
+/// A target run once with `--slot` is watched by its schedule. `expect --clear` stops that too,
+/// and `status` says what watches a target; a later `run --slot` stores the schedule again,
+/// watching from then on: the slots that ended while it was not watched are not missed.
+#[test]
+fn expect_clear_stops_a_slot_watch_and_a_later_slot_run_watches_again_from_then_on() {
+    let env = Env::new();
+    let once = env.run(&[
+        "run",
+        "--target",
+        "tried",
+        "--slot",
+        "* * * * *",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&once), 0, "{}", stderr(&once));
+    // Ten minutes later, as far as the schedule is concerned: every slot since then is missed.
+    env.sql("UPDATE expectations SET schedule_since = schedule_since - interval '10 minutes'");
+    env.sql("UPDATE runs SET slot = slot - interval '10 minutes'");
+    let o = env.run(&["check"]);
+    assert_eq!(code(&o), 1, "{}", stdout(&o));
+    assert!(
+        stdout(&o).starts_with("tried: missed since "),
+        "{}",
+        stdout(&o)
+    );
+    let status = env.status();
+    let t = &status["targets"][0];
     assert_eq!(
-        env.sql("SELECT schedule, every_ms FROM expectations")[0],
-        vec![Some("0 2 * * *".to_owned()), None]
+        (
+            &t["health"],
+            &t["watched_by"],
+            &t["schedule"],
+            &t["schedule_tz"]
+        ),
+        (
+            &Value::from("missed"),
+            &serde_json::json!(["--slot"]),
+            &Value::from("* * * * *"),
+            &Value::Null
+        )
     );
+    let table = stdout(&env.run(&["status"]));
+    assert!(table.contains(" missed (--slot) "), "{table}");
+
+    let o = env.run(&["expect", "--target", "tried", "--clear"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o),
+        "'tried': no longer watched (its schedule '* * * * *' (UTC, from run --slot) forgotten; the next `run --slot` stores it again)\n"
+    );
+    let o = env.run(&["check"]);
+    assert_eq!((code(&o), stdout(&o)), (0, String::new()), "{}", stderr(&o));
+    let status = env.status();
+    let t = &status["targets"][0];
+    assert_eq!(
+        (&t["health"], &t["watched_by"], &t["schedule"]),
+        (&Value::Null, &serde_json::json!([]), &Value::Null)
+    );
+    let o = env.run(&["check", "--target", "tried"]);
+    assert_eq!(code(&o), 1);
+    assert!(
+        stdout(&o).starts_with("tried: not watched"),
+        "{}",
+        stdout(&o)
+    );
+
+    // The schedule again, from a `run --slot` still going: it watches from then on, so the
+    // slots that ended before are not missed although none was done (nor is anything in the
+    // run's own slot or a later one yet).
+    let again = env.hold_with(
+        env.command(),
+        "tried",
+        &["--slot", "* * * * *"],
+        &env.gate(),
+    );
+    let status = env.status();
+    let t = &status["targets"][0];
+    assert_eq!(
+        (&t["health"], &t["watched_by"]),
+        (&Value::from("ok"), &serde_json::json!(["--slot"]))
+    );
+    env.open_gate();
+    assert_eq!(code(&finish(again)), 0);
+
+    // The same when an expectation came first (the schedule joins its row): both watch.
+    let o = env.run(&["expect", "--target", "tried", "--clear"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    env.sql("UPDATE runs SET slot = slot - interval '10 minutes'");
+    let o = env.run(&["expect", "--target", "tried", "--max-duration", "1h"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    std::fs::remove_file(env.path("gate")).unwrap();
+    std::fs::remove_file(env.path("started-tried")).unwrap();
+    let again = env.hold_with(
+        env.command(),
+        "tried",
+        &["--slot", "* * * * *"],
+        &env.gate(),
+    );
+    let status = env.status();
+    let t = &status["targets"][0];
+    assert_eq!(
+        (&t["health"], &t["watched_by"]),
+        (&Value::from("ok"), &serde_json::json!(["expect", "--slot"]))
+    );
+    let table = stdout(&env.run(&["status"]));
+    assert!(table.contains(" ok (expect, --slot) "), "{table}");
+    env.open_gate();
+    assert_eq!(code(&finish(again)), 0);
 }
 
 #[test]
@@ -171,6 +287,8 @@ fn each_health_state_shows_in_status_and_check() {
     for (t, h) in expected {
         assert_eq!(health[t], h, "{t}: {health:?}");
     }
+    // The table's HEALTH also says what watches the target.
+    let watched_by = |t: &str| if t == "gone" { "--slot" } else { "expect" };
     assert_eq!(health["free"], Value::Null);
     assert_eq!(health.len(), 8, "{health:?}");
     // Expected but never ran: listed, free, no lease yet.
@@ -196,7 +314,11 @@ fn each_health_state_shows_in_status_and_check() {
             .find(|l| l.starts_with(&format!("{t} ")))
             .unwrap_or_else(|| panic!("no row for {t}: {table}"));
         let cell = line[column..].split("  ").next().unwrap();
-        assert_eq!(cell, *h, "{line}");
+        let h = match *t {
+            "free" => "-".to_owned(),
+            t => format!("{h} ({})", watched_by(t)),
+        };
+        assert_eq!(cell, h, "{line}");
     }
 
     let o = env.run(&["check"]);
@@ -251,6 +373,9 @@ fn a_slot_counts_as_done_by_a_completed_or_timed_out_run_in_it_or_a_later_one() 
         // Done, though failed: the slot counts, the failure shows.
         ("timed", "timed_out", "124", now_slot, "failing"),
         ("skip", "skipped", "NULL", now_slot, "ok"),
+        // A skip recorded while the slot's run was still running, a run never stored (its
+        // holder was killed): nothing did the slot.
+        ("skip-running", "skipped", "NULL", now_slot, "missed"),
         ("stale", "completed", "0", old_slot, "missed"),
         ("cut", "interrupted", "143", now_slot, "missed"),
         ("gone", "lost", "NULL", now_slot, "missed"),
@@ -259,6 +384,7 @@ fn a_slot_counts_as_done_by_a_completed_or_timed_out_run_in_it_or_a_later_one() 
         expect_sql(&env, t, "'* * * * *'", "NULL", "NULL", "10 minutes");
         insert_run(&env, t, outcome, exit, "1 second", slot);
     }
+    env.sql("UPDATE runs SET done_by_running = true WHERE target = 'skip-running'");
     // A schedule stored just now: the slots that ended before it cannot have been missed.
     expect_sql(&env, "new", "'* * * * *'", "NULL", "NULL", "0s");
     let health = health_of(&env);

@@ -172,18 +172,23 @@ fn concurrent_first_use_of_an_empty_schema_migrates_once_and_all_succeed() {
     }
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9,10,11"
+        "1,2,3,4,5,6,7,8,9,10,11,12"
     );
     let o = env.run(&["migrate"]);
     assert_eq!(
         stdout(&o),
-        format!("schema \"{}\" is at version 11\n", env.schema)
+        format!("schema \"{}\" is at version 12\n", env.schema)
     );
 }
 
-/// Takes a current schema back to version 2 (what migrations 0011, 0010, 0009, 0008, 0006, 0005,
-/// 0004 and 0003 add, removed; 0007 only recreates the trigger).
-const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 11;
+/// Takes a current schema back to version 2 (what migrations 0012, 0011, 0010, 0009, 0008, 0006,
+/// 0005, 0004 and 0003 add, removed; 0007 only recreates the trigger).
+const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 12;
+     ALTER TABLE leases DROP COLUMN slot_fence, DROP COLUMN slot, DROP COLUMN slot_end,
+                        DROP COLUMN slot_schedule, DROP COLUMN slot_tz, DROP COLUMN slot_run;
+     ALTER TABLE runs DROP COLUMN done_by_running;
+     ALTER TABLE expectations DROP COLUMN schedule_since;
+     DELETE FROM schema_migrations WHERE version = 11;
      ALTER TABLE leases DROP COLUMN stopping_token, DROP COLUMN stopping_until,
                         DROP COLUMN stopping_host, DROP COLUMN stopping_pid,
                         DROP COLUMN stopping_fence;
@@ -211,6 +216,35 @@ const UNDO_V3: &str = "DELETE FROM schema_migrations WHERE version = 11;
      ALTER TABLE runs ADD CONSTRAINT runs_outcome_check
          CHECK (outcome IN ('completed', 'timed_out', 'interrupted', 'lost', 'exec_failed'));";
 
+/// Migration 0012 dates the schedules already stored as the health check did before it: from
+/// the earlier of the row's last change and the first slot a run of the target was in.
+#[test]
+fn migration_12_dates_stored_schedules_as_the_health_check_did() {
+    let env = Env::new();
+    let o = env.run(&["run", "--target", "a", "--slot", "* * * * *", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = env.run(&["expect", "--target", "b", "--every", "1h"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    env.sql(
+        "DELETE FROM schema_migrations WHERE version = 12;
+         ALTER TABLE leases DROP COLUMN slot_fence, DROP COLUMN slot, DROP COLUMN slot_end,
+                            DROP COLUMN slot_schedule, DROP COLUMN slot_tz, DROP COLUMN slot_run;
+         ALTER TABLE runs DROP COLUMN done_by_running;
+         ALTER TABLE expectations DROP COLUMN schedule_since;
+         UPDATE runs SET slot = slot - interval '1 day';
+         UPDATE expectations SET updated_at = now() - interval '1 hour';",
+    );
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        env.scalar(
+            "SELECT string_agg(target || ' ' || coalesce((schedule_since = (SELECT slot FROM runs))::text, 'null'), ', ' ORDER BY target)
+               FROM expectations"
+        ),
+        "a true, b null"
+    );
+}
+
 #[test]
 fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     let env = Env::new();
@@ -228,7 +262,7 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert_eq!(
         env.scalar("SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"),
-        "1,2,3,4,5,6,7,8,9,10,11"
+        "1,2,3,4,5,6,7,8,9,10,11,12"
     );
     assert_eq!(
         env.scalar(&format!(

@@ -258,3 +258,31 @@ fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
     env.stop(live);
     assert!(dirs().is_empty());
 }
+
+/// A command that replaces its events file by a FIFO must not hang leasectl in `open()` (a FIFO
+/// without a writer blocks a plain open forever): anything but a regular file is a malformed
+/// events file, found at once — the run is stored with the error, none of the command's events,
+/// exit 65, and the lease is released.
+#[test]
+fn a_fifo_in_place_of_the_events_file_is_refused_at_once_with_65() {
+    let env = Env::new();
+    let script = format!(
+        "{} && rm -f \"$LEASECTL_EVENTS\" && mkfifo \"$LEASECTL_EVENTS\"",
+        emit("7", "invoice.sent", "1")
+    );
+    let o = env
+        .command()
+        .args(["run", "--target", "q", "--", "sh", "-c", &script])
+        .output_within(std::time::Duration::from_secs(20));
+    assert_one_line_error(
+        &o,
+        65,
+        "LEASECTL_EVENTS is not a regular file (the command left a FIFO there)",
+    );
+    assert_eq!(outbox(&env).len(), 1, "only the run's own event");
+    assert_eq!(
+        env.scalar("SELECT outcome || ' ' || exit_code || ' ' || (error LIKE '%a FIFO%') || ' ' || coalesce(length(events), 0) FROM runs"),
+        "completed 0 true 0"
+    );
+    assert_eq!(env.held_leases(), "0");
+}

@@ -22,7 +22,7 @@ const UPDATE_HINT: &str =
 /// The exit codes that are not leasectl's own: the command's, success, and "not found".
 const EXIT_CODES: &[(&str, &str)] = &[
     ("N", "run: the command's own exit code, or 128+N if signal N killed it; the run is stored"),
-    ("0", "success; also a fresh stored result printed by --reuse-within, or a --slot already done"),
+    ("0", "success; also a fresh stored result printed by --reuse-within, or a --slot already done or being done"),
     ("1", "check: a watched target is unhealthy; output: no stored run matches; outbox retry/discard: no such event; relay --once: events went dead"),
 ];
 
@@ -30,7 +30,7 @@ const EXIT_CODES: &[(&str, &str)] = &[
 fn typed_exit_codes() -> Vec<(u8, &'static str)> {
     vec![
         (Exit::USAGE, "usage error (bad flag, duration, target or schema name)"),
-        (Exit::DATA_ERROR, "the command's $LEASECTL_EVENTS held a malformed line or more than --events-limit; the run was stored without them"),
+        (Exit::DATA_ERROR, "the command's $LEASECTL_EVENTS held a malformed line or more than --events-limit, or was no longer a regular file; the run was stored without them"),
         (Exit::UNAVAILABLE, "database unreachable, rejected the connection or stopped answering; relay --once: the sink is unreachable"),
         (Exit::INTERNAL, "internal error (a bug); a running command's process group is killed"),
         (Exit::BUSY, "busy: another holder has a live lease, or --wait=DUR ran out (--busy-exit-code overrides it)"),
@@ -60,7 +60,7 @@ const CHILD_SEES: &[(&str, &str)] = &[
     ("LEASECTL_TARGET", "the target whose lease is held"),
     ("LEASECTL_TOKEN", "this acquisition's random lease token"),
     ("LEASECTL_FENCE", "the fencing number, higher on every acquisition of the target: a downstream system can reject writes from an older holder"),
-    ("LEASECTL_EVENTS", "the path of a fresh file (mode 0600) where the command appends its own events, one JSON object a line; stored with the run in the same transaction"),
+    ("LEASECTL_EVENTS", "the path of a fresh file (mode 0600) where the command appends its own events, one JSON object a line; stored with the run in the same transaction (anything but a regular file left there is refused, exit 65)"),
     ("LEASECTL_SLOT", "with --slot: the start of the slot being run (RFC 3339)"),
     ("LEASECTL_SLOT_END", "with --slot: the next instant of the schedule (RFC 3339)"),
 ];

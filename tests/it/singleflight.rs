@@ -274,3 +274,36 @@ crate::via_pooler!(
     after_an_interrupted_run_the_waiters_compete_and_one_runs_for_all,
     a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again,
 );
+
+/// A `--slot` caller that skips without the lease records the fence of the run that did its
+/// slot, possibly after that run ended. Such a skip is not the awaited acquisition's run: the
+/// waiters still share the run itself — here its failure, which only the awaited run gives
+/// them (a caller reuses only a success). (The skip is a row written as that caller writes it,
+/// finishing after the run.)
+#[test]
+fn a_skip_carrying_the_awaited_fence_does_not_hide_the_run_from_its_waiters() {
+    let env = Env::new();
+    let holder = gated_holder(&env, "echo refresh-failed; exit 3");
+    let ws = waiters(&env, 2);
+    env.sql(
+        "INSERT INTO runs (id, target, fence, token, outcome, argv, host, pid, started_at,
+                           finished_at, stdout, stderr, stdout_truncated, stderr_truncated,
+                           slot, slot_end, done_by, done_by_running)
+         SELECT gen_random_uuid(), target, fence, gen_random_uuid(), 'skipped', '{true}', 'cron-2',
+                1, now() + interval '1 hour', now() + interval '1 hour', '', '', false, false,
+                now(), now() + interval '1 day', gen_random_uuid(), false
+           FROM leases WHERE target = 'sf'",
+    );
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 3);
+    for w in ws {
+        let o = w.finish();
+        assert_eq!(
+            (code(&o), stdout(&o)),
+            (3, "refresh-failed\n".to_owned()),
+            "{}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(runs_counted(&env), 1);
+}

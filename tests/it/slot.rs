@@ -1,6 +1,7 @@
 //! `run --slot`: at most one run per scheduled slot across hosts, judged by the database clock.
 
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -355,8 +356,40 @@ fn until_success_lets_a_failed_slot_run_again_and_a_success_close_it() {
     assert_eq!(runs[0]["done_by"], runs[1]["run_id"]);
 }
 
+/// A run stopped by `--timeout` ran in its slot and ended: it did the slot (at most one run
+/// per slot), so the next caller of that slot skips — unless `--until-success`.
 #[test]
-fn a_waiter_behind_the_slots_run_skips_once_it_ends() {
+fn a_timed_out_run_does_its_slot() {
+    let env = Env::new();
+    let timed_out = slot_run(
+        &env,
+        "slow",
+        "0 2 * * *",
+        &["--timeout", "200ms"],
+        &job(&env, "sleep 30;"),
+    );
+    assert_eq!(code(&timed_out), 124, "{}", stderr(&timed_out));
+    let next = slot_run(&env, "slow", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&next), 0, "{}", stderr(&next));
+    assert_eq!(
+        runs_counted(&env),
+        1,
+        "the slot was done by the timed-out run"
+    );
+    let runs = runs_json(&env, "slow");
+    let outcomes: Vec<_> = runs
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["skipped", "timed_out"]);
+    assert_eq!(runs[0]["done_by"], runs[1]["run_id"]);
+}
+
+/// Two cron hosts firing together: the second finds this slot's run in progress and has
+/// nothing to do. It records a skip naming that run and exits with `--done-exit-code` at once —
+/// with or without `--wait`, while the holder still runs — and says nothing unless `-v`.
+#[test]
+fn a_caller_that_finds_this_slots_run_in_progress_records_a_skip_at_once() {
     let env = Env::new();
     let holder = env.hold_with(
         env.command(),
@@ -364,31 +397,338 @@ fn a_waiter_behind_the_slots_run_skips_once_it_ends() {
         &["--slot", "0 2 * * *"],
         &format!("{}; echo first", env.gate()),
     );
-    // Without --wait, busy as ever.
-    let busy = slot_run(&env, "nightly", "0 2 * * *", &[], "echo second");
-    assert_eq!(code(&busy), 75, "{}", stderr(&busy));
+    let quiet = slot_command(env.command(), "nightly", "0 2 * * *", &[], "echo second")
+        .output_within(Duration::from_secs(20));
+    assert_eq!(code(&quiet), 0, "{}", stderr(&quiet));
+    assert!(
+        quiet.stdout.is_empty() && quiet.stderr.is_empty(),
+        "{quiet:?}"
+    );
+    let mut verbose = env.command();
+    verbose.arg("-v");
+    let waiter = slot_command(
+        verbose,
+        "nightly",
+        "0 2 * * *",
+        &["--wait", "--done-exit-code", "3"],
+        "echo second",
+    )
+    .output_within(Duration::from_secs(20));
+    assert_eq!(code(&waiter), 3, "{}", stderr(&waiter));
+    assert!(waiter.stdout.is_empty(), "{waiter:?}");
+    let mut holder = holder;
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "the holder still runs: the skips did not wait for it"
+    );
+    // Both skips name the run in progress, by the id it is stored with once it ends.
+    let running = with_outcome(&runs_json(&env, "nightly"), "skipped")
+        .iter()
+        .map(|r| (r["done_by"].clone(), r["done_by_running"].clone()))
+        .collect::<Vec<_>>();
+    env.open_gate();
+    let out = finish(holder);
+    assert_eq!((code(&out), stdout(&out)), (0, "first\n".to_owned()));
+    let runs = runs_json(&env, "nightly");
+    let done = with_outcome(&runs, "completed");
+    let skipped = with_outcome(&runs, "skipped");
+    assert_eq!((done.len(), skipped.len()), (1, 2), "{runs:#?}");
+    assert_eq!(
+        running,
+        vec![(done[0]["run_id"].clone(), Value::Bool(true)); 2]
+    );
+    for s in &skipped {
+        assert_eq!(s["done_by"], done[0]["run_id"]);
+        assert_eq!(s["done_by_running"], true);
+        assert_eq!(s["fence"], done[0]["fence"]);
+        assert_eq!(s["slot"], done[0]["slot"]);
+        assert_eq!(s["slot_end"], done[0]["slot_end"]);
+        assert_eq!(
+            (s["stdout_bytes"].clone(), s["exit_code"].clone()),
+            (0.into(), Value::Null)
+        );
+    }
+    assert_eq!(done[0]["done_by_running"], Value::Null);
+    let said = stderr(&waiter);
+    let run_id = done[0]["run_id"].as_str().unwrap();
+    assert!(
+        said.contains(&format!("is being done by run {run_id} (")) && said.contains("; skipped"),
+        "{said}"
+    );
+    // Only the run that ran has an event.
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+    assert_eq!(env.held_leases(), "0");
+}
+
+/// Only this slot's run in progress leaves nothing to do. A holder of an earlier slot of the
+/// same schedule (here: a holder whose skew kept it in the current minute, a caller whose skew
+/// takes it into the next), of another schedule, or without `--slot` makes the target busy
+/// as ever (75, unrecorded) — and a waiter waits for it, then runs its own slot.
+#[test]
+fn a_run_of_an_earlier_slot_or_another_schedule_is_busy_as_ever() {
+    let env = Env::new();
+    // Inside a minute, with time left for the whole test before it ends.
+    wait_for("the database clock to be inside a minute", || {
+        env.scalar("SELECT mod(extract(epoch FROM now())::numeric, 60) BETWEEN 3 AND 35") == "t"
+    });
+    let every_minute = ["--slot-skew", "1s"];
+    let holder = env.hold_with(
+        env.command(),
+        "tick",
+        &["--slot", "* * * * *", every_minute[0], every_minute[1]],
+        &format!("{}; echo first", env.gate()),
+    );
+    let coming = ["--slot-skew", "59s"];
+    let busy = slot_run(&env, "tick", "* * * * *", &coming, "echo second");
+    assert_one_line_error(&busy, 75, "'tick' is busy: held by ");
+    let other = slot_run(&env, "tick", "30 4 * * *", &[], "echo third");
+    assert_one_line_error(&other, 75, "'tick' is busy: held by ");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM runs"),
+        "0",
+        "busy callers record nothing"
+    );
+    // The coming slot's waiter waits for the earlier slot's run, then runs.
     let mut verbose = env.command();
     verbose.arg("-v");
     let waiter = Watched::new(
-        slot_command(verbose, "nightly", "0 2 * * *", &["--wait"], "echo second")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
+        slot_command(
+            verbose,
+            "tick",
+            "* * * * *",
+            &["--slot-skew", "59s", "--wait=30s"],
+            "echo second",
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap(),
     );
-    waiter.wait_for_stderr("waiting for 'nightly'");
+    waiter.wait_for_stderr("waiting for 'tick'");
     env.open_gate();
     assert_eq!(code(&finish(holder)), 0);
     let out = waiter.finish();
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(out.stdout.is_empty(), "{out:?}");
-    assert!(stderr(&out).contains("was done by run"), "{}", stderr(&out));
+    assert_eq!(
+        (code(&out), stdout(&out)),
+        (0, "second\n".to_owned()),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        env.scalar(
+            "SELECT string_agg(outcome, ',' ORDER BY slot) || ' ' || (max(slot) - min(slot))::text FROM runs"
+        ),
+        "completed,completed 00:01:00"
+    );
+
+    // A holder without --slot never says a slot: busy, once it has had its moment to say one.
+    let plain = env.hold("plain", &env.gate().replace("gate", "gate-plain"));
+    let busy = slot_run(&env, "plain", "* * * * *", &[], "echo second");
+    assert_one_line_error(&busy, 75, "'plain' is busy: held by ");
+    std::fs::write(env.path("gate-plain"), "").unwrap();
+    assert_eq!(code(&finish(plain)), 0);
+}
+
+/// With `--until-success`, a run in progress that then fails leaves its slot open again: the
+/// caller that skipped while it ran did not run it, the next caller does.
+#[test]
+fn a_slot_whose_run_in_progress_fails_with_until_success_is_open_again() {
+    let env = Env::new();
+    let until = ["--until-success"];
+    let holder = env.hold_with(
+        env.command(),
+        "sync",
+        &["--slot", "*/15 * * * *", "--until-success"],
+        &format!("{}; echo failing; exit 3", env.gate()),
+    );
+    let skipped = slot_run(&env, "sync", "*/15 * * * *", &until, &job(&env, ""));
+    assert_eq!(code(&skipped), 0, "{}", stderr(&skipped));
+    assert_eq!(runs_counted(&env), 0);
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 3);
+    let retried = slot_run(&env, "sync", "*/15 * * * *", &until, &job(&env, ""));
+    assert_eq!(code(&retried), 0, "{}", stderr(&retried));
+    assert_eq!(runs_counted(&env), 1, "the next caller ran the slot");
+    let runs = runs_json(&env, "sync");
+    let outcomes: Vec<_> = runs
+        .iter()
+        .map(|r| format!("{} {}", r["outcome"].as_str().unwrap(), r["exit_code"]))
+        .collect();
+    assert_eq!(outcomes, ["completed 0", "completed 3", "skipped null"]);
+    assert_eq!(runs[2]["done_by"], runs[1]["run_id"]);
+    assert_eq!(runs[2]["done_by_running"], true);
+    assert_eq!(runs[0]["slot"], runs[1]["slot"]);
+}
+
+/// A run in progress that never ends — its leasectl SIGKILLed — never did its slot: a caller
+/// that came while its lease lived skipped, and the first caller after its TTL runs the slot.
+#[test]
+fn a_slot_whose_holder_was_killed_is_run_by_the_first_caller_after_its_ttl() {
+    let env = Env::new();
+    let holder = env.hold_with(
+        env.command(),
+        "nightly",
+        &["--slot", "0 2 * * *", "--ttl", "1s"],
+        &env.gate(),
+    );
+    let skip = slot_run(&env, "nightly", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&skip), 0, "{}", stderr(&skip));
+    kill(holder.id(), libc::SIGKILL);
+    finish(holder);
+    wait_for("the killed holder's lease to expire", || {
+        env.scalar(
+            "SELECT count(*) FROM leases
+              WHERE token IS NOT NULL AND heartbeat_at + ttl_ms * interval '1 millisecond' >= now()",
+        ) == "0"
+    });
+    let ran = slot_run(&env, "nightly", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&ran), 0, "{}", stderr(&ran));
+    assert_eq!(runs_counted(&env), 1, "the slot was run after all");
     let runs = runs_json(&env, "nightly");
     let outcomes: Vec<_> = runs
         .iter()
         .map(|r| r["outcome"].as_str().unwrap())
         .collect();
-    assert_eq!(outcomes, ["skipped", "completed"]);
+    assert_eq!(outcomes, ["completed", "skipped"]);
+    assert_eq!(runs[1]["done_by_running"], true);
+    assert_ne!(runs[1]["done_by"], runs[0]["run_id"]);
+    assert_eq!(runs[1]["slot"], runs[0]["slot"]);
+    env.open_gate();
+}
+
+/// A run that already did this slot counts, whoever holds the lease now: a caller that finds
+/// the target busy with another job (here a run without `--slot`) after the slot's run ended
+/// records a skip naming that run, as it would have with the lease.
+#[test]
+fn a_slot_already_done_is_skipped_even_while_another_run_holds_the_target() {
+    let env = Env::new();
+    let done = slot_run(&env, "nightly", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&done), 0, "{}", stderr(&done));
+    let plain = env.hold("nightly", &env.gate());
+    let skip = slot_run(&env, "nightly", "0 2 * * *", &[], &job(&env, ""));
+    assert_eq!(code(&skip), 0, "{}", stderr(&skip));
+    assert!(skip.stdout.is_empty() && skip.stderr.is_empty(), "{skip:?}");
+    assert_eq!(runs_counted(&env), 1);
+    let runs = runs_json(&env, "nightly");
+    let ran = with_outcome(&runs, "completed");
+    let skipped = with_outcome(&runs, "skipped");
+    assert_eq!((ran.len(), skipped.len()), (1, 1), "{runs:#?}");
+    assert_eq!(skipped[0]["done_by"], ran[0]["run_id"]);
+    assert_eq!(skipped[0]["done_by_running"], false);
+    assert_eq!(skipped[0]["fence"], ran[0]["fence"]);
+    env.open_gate();
+    assert_eq!(code(&finish(plain)), 0);
+}
+
+/// A holder's slot is on its lease row only once it has checked it, right after acquiring. A
+/// caller that finds a holder in between looks again for a moment instead of calling the
+/// target busy. (The holder here is a row: one that never says its slot until the caller has
+/// looked once, its acquisition kept fresh meanwhile.)
+#[test]
+fn a_holder_that_has_not_said_its_slot_yet_is_given_a_moment_to_say_it() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["migrate"])), 0);
+    env.sql(
+        "INSERT INTO leases (target, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host, holder_pid)
+         VALUES ('n', gen_random_uuid(), 7, 60000, now(), now(), 'cron-1', 4242)",
+    );
+    let mut caller = slot_command(env.command(), "n", "0 2 * * *", &[], "echo ran")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The caller's look shows in pg_stat_activity (the pattern is split so that this query's
+    // own text does not match it) — unless it has already given up on the holder.
+    let looked = format!(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE query LIKE '%' || 'slot_schedule = ' || '$3%' AND query LIKE '%{}%'",
+        env.schema
+    );
+    wait_for("the caller to look at the holder", || {
+        env.sql("UPDATE leases SET acquired_at = now(), heartbeat_at = now()");
+        env.scalar(&looked) != "0" || caller.try_wait().unwrap().is_some()
+    });
+    let run = "6c1f3a52-0b7e-4d55-9a43-4f7a1d2e9b10";
+    env.sql(&format!(
+        "UPDATE leases
+            SET slot_fence = fence, slot_schedule = '0 2 * * *', slot_tz = NULL, slot_run = '{run}',
+                slot = (date_trunc('day', (now() AT TIME ZONE 'UTC') + interval '1 minute'
+                                          - interval '2 hours') + interval '2 hours') AT TIME ZONE 'UTC',
+                slot_end = (date_trunc('day', (now() AT TIME ZONE 'UTC') + interval '1 minute'
+                                              - interval '2 hours') + interval '26 hours') AT TIME ZONE 'UTC'"
+    ));
+    let out = finish(caller);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert_eq!(
+        env.scalar(
+            "SELECT outcome || ' ' || done_by || ' ' || fence || ' ' || done_by_running FROM runs"
+        ),
+        format!("skipped {run} 7 true")
+    );
+}
+
+/// Hosts' clocks never enter: a caller on a host whose clock is four minutes behind the
+/// holder's finds the holder's slot in progress by the database's clock, and skips.
+#[test]
+fn a_caller_on_a_skewed_host_clock_skips_the_slot_in_progress() {
+    let env = Env::new();
+    away_from_boundary(&env, 180, "45 seconds", 20);
+    let holder = env.hold_with(
+        host_with_clock(&env, "+2m"),
+        "nightly",
+        &["--slot", "*/3 * * * *"],
+        &env.gate(),
+    );
+    let skip = slot_command(
+        host_with_clock(&env, "-2m"),
+        "nightly",
+        "*/3 * * * *",
+        &[],
+        "echo second",
+    )
+    .output_within(Duration::from_secs(20));
+    assert_eq!(code(&skip), 0, "{}", stderr(&skip));
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+    let runs = runs_json(&env, "nightly");
+    let outcomes: Vec<_> = runs
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["completed", "skipped"]);
+    assert_eq!(runs[1]["done_by"], runs[0]["run_id"]);
+    assert_eq!(runs[1]["slot"], runs[0]["slot"]);
+}
+
+/// Eight cron lines firing at once without `--wait`: one runs, seven record a skip and exit 0
+/// — none is busy, whether it comes before the holder has said its slot, while its run is in
+/// progress, or after it.
+#[test]
+fn eight_callers_without_wait_at_once_run_the_slot_once_and_none_is_busy() {
+    let env = Env::new();
+    let script = job(&env, "sleep 1;");
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            slot_command(env.command(), "nightly", "0 2 * * *", &[], &script)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = callers.into_iter().map(finish).collect();
+    for o in &outputs {
+        assert_eq!(code(o), 0, "{}", stderr(o));
+    }
+    assert_eq!(runs_counted(&env), 1);
+    let runs = runs_json(&env, "nightly");
+    let done = with_outcome(&runs, "completed");
+    let skipped = with_outcome(&runs, "skipped");
+    assert_eq!((done.len(), skipped.len()), (1, 7), "{runs:#?}");
+    for s in &skipped {
+        assert_eq!(s["done_by"], done[0]["run_id"]);
+    }
 }
 
 #[test]
@@ -450,5 +790,5 @@ fn bad_schedules_zones_and_combinations_are_usage_errors() {
 crate::via_pooler!(
     eight_callers_of_a_slot_at_once_run_it_once_and_seven_record_a_skip,
     the_child_sees_its_slot_the_event_carries_it_and_a_skip_is_silent_unless_verbose,
-    a_waiter_behind_the_slots_run_skips_once_it_ends,
+    a_caller_that_finds_this_slots_run_in_progress_records_a_skip_at_once,
 );
