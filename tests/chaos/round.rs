@@ -860,6 +860,27 @@ impl<'a> Round<'a> {
         }
     }
 
+    /// Waits until contender `i` holds the target's lease (a row names its pid); false when it
+    /// exited first or `patience` passed.
+    pub fn wait_holding(&mut self, i: usize, patience: f64) -> bool {
+        let (schema, target, pid) = (self.ctx.schema.clone(), self.target.clone(), self.cs[i].pid);
+        let deadline = now() + patience;
+        loop {
+            self.poll_all();
+            let rows = self.ctx.bench.db.query(&format!(
+                "SELECT 1 FROM \"{schema}\".leases
+                  WHERE target = '{target}' AND holder_pid = {pid} AND token IS NOT NULL"
+            ));
+            if !rows.is_empty() {
+                return true;
+            }
+            if self.cs[i].exit.is_some() || now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits up to `patience` for contender `i` to exit; one that does not is killed and counted
     /// as hung.
     pub fn wait_exit(&mut self, i: usize, patience: f64) -> bool {

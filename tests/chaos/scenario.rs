@@ -239,9 +239,10 @@ fn plain(r: &mut Round) {
 }
 
 /// A long-lived holder (TTL 4 × TTL, grace 2 × TTL, ignoring SIGTERM in most rounds) is taken
-/// by `--replace` with a short TTL, while a waiter queues behind; the replacer is then left
-/// alone, killed with -9, SIGSTOPped past its TTL, or replaced by a second `--replace`. Nobody's
-/// command may start while the original's still runs (its grace included).
+/// by `--replace` with a short TTL, while a waiter queues behind; once it holds the lease the
+/// replacer is left alone, killed with -9, SIGSTOPped past its TTL, or replaced by a second
+/// `--replace`. Nobody's command may start while the original's still runs (its grace
+/// included): not the waiter once the replacer's short lease ran out, nor the second replacer.
 fn replace(r: &mut Round) {
     let fault = r.fault;
     let t = r.ttl_ms();
@@ -256,11 +257,9 @@ fn replace(r: &mut Round) {
         r.open_gate(&gate);
         return;
     }
-    if r.rng().random_bool(0.7) {
-        let c = short(r, 100, 300);
-        let w = r.spawn(Spec::run("w", t, c).wait(LONG_WAIT_MS));
-        r.wait_joined(w, PATIENCE);
-    }
+    let c = short(r, 100, 300);
+    let w = r.spawn(Spec::run("w", t, c).wait(LONG_WAIT_MS));
+    r.wait_joined(w, PATIENCE);
     let variant = [
         "replacer",
         "kill9-replacer",
@@ -281,14 +280,19 @@ fn replace(r: &mut Round) {
     let mut s = Spec::run("r1", t, short(r, 100, 300));
     s.replace = true;
     let r1 = r.spawn(s);
+    // What happens to the replacer happens once it holds the lease (it waits for the old
+    // holder's stop then, unless the fault got there first).
+    if variant != "replacer" {
+        r.wait_holding(r1, PATIENCE);
+    }
     match variant {
         "kill9-replacer" => {
-            let d = secs(r, 0.1, 0.4);
+            let d = secs(r, 0.0, 0.3);
             r.pause(d);
             r.kill9(r1);
         }
         "sigstop-replacer" => {
-            let d = secs(r, 0.1, 0.4);
+            let d = secs(r, 0.0, 0.3);
             r.pause(d);
             let at = r.sigstop(r1);
             let d = secs(r, t as f64 / 1e3 + 0.3, 2.0 * t as f64 / 1e3 + 0.3);
@@ -296,7 +300,7 @@ fn replace(r: &mut Round) {
             r.sigcont(r1, at);
         }
         "two-replacers" => {
-            let d = secs(r, 0.1, 0.3);
+            let d = secs(r, 0.0, 0.3);
             r.pause(d);
             let mut s = Spec::run("r2", t, short(r, 100, 300));
             s.replace = true;
