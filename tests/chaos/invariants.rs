@@ -195,18 +195,23 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
           ORDER BY id",
         ctx.lease_log_mark
     ));
-    // Waiters whose place lapsed: a version of their row not renewed (or deleted) within its
-    // TTL, on the database clock. Such a waiter legitimately joins again at the back.
+    // Waiters whose place lapsed: a version of their row not renewed, deleted or left for a new
+    // ticket of the same waiter within its TTL, on the database clock. Such a waiter
+    // legitimately joins again at the back.
+    let mark = ctx.waiter_log_mark;
     let lapsed: HashSet<i64> = ctx
         .bench
         .db
         .query(&format!(
-            "SELECT ticket FROM (
-                 SELECT ticket, heartbeat_at, ttl_ms,
+            "SELECT DISTINCT ticket FROM (
+                 SELECT ticket, pid, heartbeat_at, ttl_ms,
                         lead(at) OVER (PARTITION BY ticket ORDER BY id) AS next_at
-                   FROM chaos.waiter_log WHERE target = '{t}' AND id > {}) x
-              WHERE next_at > heartbeat_at + ttl_ms * interval '1 millisecond'",
-            ctx.waiter_log_mark
+                   FROM chaos.waiter_log WHERE target = '{t}' AND id > {mark}) x
+              WHERE coalesce(next_at,
+                             (SELECT min(w.at) FROM chaos.waiter_log w
+                               WHERE w.target = '{t}' AND w.id > {mark} AND w.pid = x.pid
+                                 AND w.ticket > x.ticket))
+                    > heartbeat_at + ttl_ms * interval '1 millisecond'"
         ))
         .iter()
         .map(|r| i64_of(&r[0]))

@@ -930,9 +930,21 @@ impl<'a> Round<'a> {
         v["token"].as_str().map(str::to_owned)
     }
 
-    /// Injects the round's fault into contender `v` (or into the database or its path).
+    /// Injects the round's fault into contender `v` (or into the database or its path). A fault
+    /// of the victim's own process (kill, stop, pipes) needs it alive; one of the database or
+    /// the network hits whoever is left even when the victim is done.
     pub fn inject(&mut self, v: usize) {
-        if self.injected || self.cs[v].exit.is_some() {
+        self.cs[v].poll();
+        let own = matches!(
+            self.fault,
+            Fault::Kill9
+                | Fault::Kill9Group
+                | Fault::Kill9Child
+                | Fault::SigStop
+                | Fault::StderrPipe
+                | Fault::StdoutPipe
+        );
+        if self.injected || (own && self.cs[v].exit.is_some()) {
             return;
         }
         self.injected = true;
