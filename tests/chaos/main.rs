@@ -275,7 +275,7 @@ fn setup(cfg: Cfg, bench: Bench) -> Result<Ctx, String> {
         eprintln!("chaos: warning: {msg}");
     }
     Ok(Ctx {
-        rng: rand::rngs::StdRng::seed_from_u64(cfg.seed),
+        rng: round_rng(cfg.seed, 0),
         cfg,
         bench,
         caps,
@@ -479,6 +479,14 @@ fn report(
     s
 }
 
+/// Round `n`'s generator: seeded from the run's seed and `n` alone.
+fn round_rng(seed: u64, n: usize) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(n as u64 + 1),
+    )
+}
+
 #[test]
 fn chaos() {
     let cfg = Cfg::from_env();
@@ -514,13 +522,17 @@ fn chaos() {
         );
     }
     let started = Instant::now();
-    let plan = scenario::schedule(&ctx.cfg.scenarios, ctx.cfg.rounds, &mut ctx.rng);
+    // The plan and every round draw from generators of their own, derived from the seed: a
+    // seed replays the same rounds whatever the round count (a longer run extends a shorter).
+    let mut planner = rand::rngs::StdRng::seed_from_u64(ctx.cfg.seed);
+    let plan = scenario::schedule(&ctx.cfg.scenarios, ctx.cfg.rounds, &mut planner);
     let mut by_fault: BTreeMap<Fault, Figures> = BTreeMap::new();
     let mut by_scenario: BTreeMap<Scenario, Figures> = BTreeMap::new();
     let mut failures = 0usize;
     let mut printed: HashMap<(Fault, Scenario), usize> = HashMap::new();
     for (n, &kind) in plan.iter().enumerate() {
         let fault = ctx.cfg.faults[n % ctx.cfg.faults.len()];
+        ctx.rng = round_rng(ctx.cfg.seed, n);
         let mut r = round::Round::new(&mut ctx, n, fault, kind, kind.target(n));
         kind.drive(&mut r);
         let outcome = r.finish();
