@@ -266,8 +266,9 @@ fn replace(r: &mut Round) {
         "sigstop-replacer",
         "two-replacers",
     ][r.rng().random_range(0..4)];
-    // SIGSTOP lasts until another command starts: after the replacer, which is what starts.
-    let fault_first = r.rng().random_bool(0.5) && fault != Fault::SigStop;
+    // SIGSTOP first: after the replacer the victim is soon gone (stopped) and the fault would
+    // miss it; stopped first, it lasts until the waiter starts, after the victim's TTL.
+    let fault_first = r.rng().random_bool(0.5) || fault == Fault::SigStop;
     r.variant = format!(
         "{variant}, fault {}",
         if fault_first { "first" } else { "after" }
@@ -326,7 +327,8 @@ fn force(r: &mut Round) {
     let long = 4 * t;
     let step = r.rng().random_bool(0.5);
     let no_wait = r.rng().random_bool(0.3);
-    let fault_first = r.rng().random_bool(0.5) && fault != Fault::SigStop;
+    // SIGSTOP first, as in `replace`.
+    let fault_first = r.rng().random_bool(0.5) || fault == Fault::SigStop;
     r.variant = format!(
         "{}{}, fault {}",
         if step {
