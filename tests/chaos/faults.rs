@@ -1,5 +1,6 @@
-//! The faults a round can inject into the first holder (or into what it depends on), and the
-//! invariants each round is checked against.
+//! The faults a round can inject into its victim — a holder whose command runs, chosen by the
+//! round's scenario — or into what it depends on, and the invariants each round is checked
+//! against.
 
 use std::fmt;
 
@@ -106,8 +107,10 @@ impl fmt::Display for Fault {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Inv {
-    /// No two children of one target at once (except while a supervisor is SIGSTOPped, and
-    /// not at all after it resumes); the fenced register loses no update.
+    /// No two commands of one target at once — steps of one lease included, the old command's
+    /// SIGTERM grace included; with `--max-holders N`, never more than N (except while a
+    /// supervisor is SIGSTOPped, and not at all after it resumes); the fenced register loses no
+    /// update.
     I1,
     /// At most one stored result + event per fence; none stored after a later fence was granted.
     I2,
@@ -119,11 +122,33 @@ pub enum Inv {
     I5,
     /// Nothing leasectl started is alive after it exited.
     I6,
-    /// leasectl exits within a bound (it never hangs, on a silent database or a broken pipe).
+    /// A stale token never acts: no heartbeat, renewal or step renews a lease that had already
+    /// expired on the database clock.
+    I7,
+    /// FIFO: waiters of `--queue fifo` that were neither killed nor stopped start their commands
+    /// in the order they joined.
+    I8,
+    /// Slots: at most one result per slot; a contender that finds its slot's run in progress
+    /// records `skipped` and exits 0 at once.
+    I9,
+    /// leasectl exits within a bound (it never hangs, on a silent database or a broken pipe;
+    /// a holder on an established connection within TTL + 1.5 s of the silence; a
+    /// `--wait=DUR` waiter within DUR + 0.5 s).
     H,
 }
 
-pub const INVARIANTS: [Inv; 7] = [Inv::I1, Inv::I2, Inv::I3, Inv::I4, Inv::I5, Inv::I6, Inv::H];
+pub const INVARIANTS: [Inv; 10] = [
+    Inv::I1,
+    Inv::I2,
+    Inv::I3,
+    Inv::I4,
+    Inv::I5,
+    Inv::I6,
+    Inv::I7,
+    Inv::I8,
+    Inv::I9,
+    Inv::H,
+];
 
 impl fmt::Display for Inv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

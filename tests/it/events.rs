@@ -16,6 +16,19 @@ pub(crate) fn migrated() -> Env {
     env
 }
 
+/// An `xid` (as an `int8`) for events a test writes as long settled: one below the commit
+/// order's horizon now, so older than every transaction open anywhere in the cluster (another
+/// test's, or anyone's `BEGIN` left open) and than any that opens later. `relay --order commit`
+/// holds back events of transactions that may still be followed by an older one's commit: a test
+/// whose subject is not that wait gives its events this `xid` (it is the `outbox.xid` default's
+/// to fill, not the public interface's) so that what it checks does not depend on what else runs
+/// on the server. Events of one transaction share their `xid`, as these do.
+pub(crate) fn settled_xid(env: &Env) -> i64 {
+    env.scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 - 1")
+        .parse()
+        .unwrap()
+}
+
 /// Inserts `n` events numbered `first…` (payload `{"n": g}`) over `aggregates` aggregates
 /// ('order', '0'…), cycling through three event types, in one transaction from another
 /// connection, like an application would.

@@ -233,18 +233,34 @@ fn kill_9_of_the_holder_kills_its_command_and_a_waiter_takes_over_only_after_the
     );
 }
 
+/// Kills a command the test expected leasectl to stop, should the test fail before it was: it
+/// must not outlive the test. Only while it still runs `sleep 3600` (its pid is not reused).
+struct Reap(i32);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let cmd = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+        if alive(self.0) && String::from_utf8_lossy(&cmd).contains("3600") {
+            kill(self.0 as u32, libc::SIGKILL);
+        }
+    }
+}
+
 #[test]
 fn a_paused_holder_is_taken_over_and_on_resume_stops_its_command_stores_nothing_and_exits_76() {
     let env = Env::new();
     let pidfile = env.path("pid");
+    // The command would run for an hour, far past every wait of this test: if it is gone, the
+    // resumed holder stopped it (a `sleep` as long as the test's patience could end by itself).
     let script = format!(
-        "echo $$ > '{}'; echo rotated-token; sleep 60",
+        "echo $$ > '{}'; echo rotated-token; exec sleep 3600",
         pidfile.display()
     );
     let holder = env.spawn(&[
         "run", "--target", "p", "--ttl", "1s", "--", "sh", "-c", &script,
     ]);
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
+    let _reap = Reap(child);
     kill(holder.id(), libc::SIGSTOP);
 
     let taker = env.run(&[
@@ -350,6 +366,7 @@ fn a_result_finished_after_a_takeover_is_fenced_out_by_the_save() {
         "run", "--target", "z", "--ttl", "1s", "--", "sh", "-c", &script,
     ]);
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
+    let _reap = Reap(child);
     kill(holder.id(), libc::SIGSTOP);
     let taker = env.run(&["run", "--target", "z", "--wait=30s", "--", "true"]);
     assert_eq!(code(&taker), 0, "{}", stderr(&taker));

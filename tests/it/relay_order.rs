@@ -91,10 +91,19 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
     // Event 1 of X is refused once and put back by the relay's own transaction, whose id is
     // newer than event 2's (--batch 1: event 2 is not in that batch); event 2 must still follow.
     let env = migrated();
+    // Two settled transactions, event 1's the older: no transaction open elsewhere on the
+    // server holds them back, and the order the test is about stays theirs.
+    let xid = settled_xid(&env);
+    let settled = |n: u32, xid: i64| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, xid)
+             VALUES ('order', 'X', 'order.event', '{{\"n\": {n}}}', '{xid}'::xid8);"
+        )
+    };
     env.sql(&format!(
         "BEGIN; {} COMMIT; BEGIN; {} COMMIT;",
-        insert(1),
-        insert(2)
+        settled(1, xid - 1),
+        settled(2, xid)
     ));
     let log = env.path("delivered");
     let sink = format!(
