@@ -75,12 +75,6 @@ impl<'a> Heartbeat<'a> {
         self.stop_at
     }
 
-    /// The database has not answered the latest heartbeats: a lease lost now was lost to a
-    /// silent database, not taken by someone who got an answer.
-    pub fn unanswered(&self) -> bool {
-        self.failures > 0
-    }
-
     /// How long after a confirmed heartbeat's send the command may run (see [`stop_budget`]).
     pub fn budget(&self) -> Duration {
         self.budget

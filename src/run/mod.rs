@@ -734,12 +734,11 @@ async fn execute(
         ..record(outcome, Some(end.status), ended)
     };
     if end.lost.is_some() {
-        // Lost to a silent database: the exit is due a second after the lease's deadline at
-        // the latest, whatever the record still waits for.
-        let silent = hb
-            .unanswered()
-            .then(|| hb.lease_deadline() + SILENT_EXIT_AFTER);
-        return record_lost(db, cfg, lease, &run, silent).await;
+        // The exit is due a second after the lease's deadline at the latest, whatever the record
+        // still waits for: the database may have gone silent (before the loss, or during the
+        // stop that followed a takeover).
+        let exit_by = hb.lease_deadline() + SILENT_EXIT_AFTER;
+        return record_lost(db, cfg, lease, &run, Some(exit_by)).await;
     }
     store(db, cfg, lease, &run, exit).await
 }
@@ -977,27 +976,27 @@ fn describe_status(r: &RunRecord<'_>) -> String {
     }
 }
 
-/// How long after its lease's deadline a holder that lost its database exits at the latest:
-/// the time its best-effort `lost` record and release may still take. The promise is an exit
+/// How long after its lease's deadline a holder that lost its lease while its command ran exits
+/// at the latest: the time its best-effort `lost` record and release may still take. The promise is an exit
 /// within the TTL plus 1.5 s of the database going silent, on a fresh connection or an
 /// established one alike; this leaves half a second for the rest of the exit.
 const SILENT_EXIT_AFTER: Duration = Duration::from_secs(1);
 
 /// Keeps the `lost` record of a run (no event), releases the lease if it is somehow still
-/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`] — and, when the
-/// lease was lost to a silent database, by `silent_until`: the command is already stopped, and
-/// a silent database must not hold up the exit.
+/// ours, and exits 76. All of it best-effort within [`lost_record_deadline`] — and by `exit_by`
+/// (but at least half a second): the command is already stopped, and a silent database must not
+/// hold up the exit.
 async fn record_lost(
     db: &mut Db,
     cfg: &RunConfig,
     lease: &Lease,
     record: &RunRecord<'_>,
-    silent_until: Option<Instant>,
+    exit_by: Option<Instant>,
 ) -> Result<Exit> {
     let now = Instant::now();
     let mut until = now + lost_record_deadline(cfg.ttl);
-    if let Some(by) = silent_until {
-        until = until.min(by.max(now + Duration::from_millis(250)));
+    if let Some(by) = exit_by {
+        until = until.min(by.max(now + Duration::from_millis(500)));
     }
     let limit = until - now;
     // The connection may be stuck behind the heartbeat that went unanswered: half the time

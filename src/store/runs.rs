@@ -139,16 +139,17 @@ pub async fn save_fenced(
     event_type: Option<&str>,
     retrying: bool,
 ) -> Result<Saved> {
-    if retrying {
+    let stored_already = || async {
         let done = client
             .query_typed(
                 &sql(schema, "SELECT 1 FROM {s}.runs WHERE id = $1"),
                 &[(&run.id, Type::UUID)],
             )
             .await?;
-        if !done.is_empty() {
-            return Ok(Saved::Stored);
-        }
+        Ok::<bool, anyhow::Error>(!done.is_empty())
+    };
+    if retrying && stored_already().await? {
+        return Ok(Saved::Stored);
     }
     // `owner` has a row only when `owner.target` = $2: the run's target is $2 either way.
     let sql = sql(
@@ -208,11 +209,16 @@ pub async fn save_fenced(
     ]);
     let row = client.query_typed_one(&sql, &params).await?;
     let stored: i64 = row.get("runs");
-    Ok(if stored == 1 {
-        Saved::Stored
-    } else {
-        Saved::NotOwner
-    })
+    if stored == 1 {
+        return Ok(Saved::Stored);
+    }
+    // An earlier attempt whose answer was lost may have committed while this one ran: it then
+    // holds the lease row's lock, and this statement, after waiting for it, finds the lease
+    // released — by that very save. Its run, committed now, is what a fresh look shows.
+    if retrying && stored_already().await? {
+        return Ok(Saved::Stored);
+    }
+    Ok(Saved::NotOwner)
 }
 
 /// The derived column values of a run.
