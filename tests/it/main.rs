@@ -30,6 +30,7 @@ mod max_holders;
 mod metrics;
 mod pooler;
 mod privileges;
+mod proxy;
 mod queue;
 mod relay;
 mod relay_ahead;
