@@ -37,6 +37,7 @@ mod relay_ahead;
 mod relay_backlog;
 mod relay_dead_heads;
 mod relay_faults;
+mod relay_locked;
 mod relay_order;
 mod relay_sinks;
 mod relay_wake;
