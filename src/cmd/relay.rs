@@ -33,6 +33,8 @@ pub async fn run(db: &DbArgs, args: RelayArgs) -> Result<Exit> {
         },
         order: args.order,
         batch_bytes: i64::try_from(args.batch_bytes).unwrap_or(i64::MAX),
+        statement_deadline: super::statement_timeout()?
+            .unwrap_or(crate::relay::liveness::STATEMENT_DEADLINE),
     };
     // Before connecting: a port that is taken is the operator's to fix, whatever the database.
     let metrics = match args.metrics {

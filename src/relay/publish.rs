@@ -8,6 +8,11 @@
 //! in creation order across aggregates too (what the stdout sink promises); otherwise each
 //! aggregate is a lane of its own and different aggregates proceed concurrently.
 //!
+//! An event starts out only while the batch's transaction is known to be open
+//! ([`Open::may_publish`]): once it may have ended, the rest of the batch stays unpublished
+//! (stdout's buffered lines are dropped, not written), since its events are back in the outbox
+//! for any relay to claim.
+//!
 //! One chain's failure never holds the others back: a refusal stops only its aggregate. An
 //! unreachable sink ([`DeliveryError::Unavailable`]) stops the whole batch — and backs the relay
 //! off — only while nothing in the batch has got through; once some delivery was answered, an
@@ -19,6 +24,7 @@ use std::collections::{HashMap, HashSet};
 use futures_util::StreamExt;
 
 use super::backoff::retry_delay;
+use super::liveness::Open;
 use super::sink::{DeliveryError, Sink};
 use crate::fmt;
 use crate::store::outbox::{Claimed, Settle};
@@ -33,9 +39,14 @@ pub struct Publisher<'a> {
 }
 
 impl Publisher<'_> {
-    /// Publishes a claimed batch. Returns each event's fate and, if the sink was unreachable,
-    /// why (everything not yet confirmed is then left untouched).
-    pub async fn publish(&self, claimed: &[Claimed]) -> (Vec<Settle>, Option<String>) {
+    /// Publishes a claimed batch, whose transaction is `open`. Returns each event's fate and,
+    /// if the sink was unreachable, why (everything not yet confirmed is then left untouched).
+    /// Once the transaction may have ended ([`Open::lost`]), nothing more is published.
+    pub async fn publish(
+        &self,
+        claimed: &[Claimed],
+        open: &Open<'_>,
+    ) -> (Vec<Settle>, Option<String>) {
         let down: RefCell<Option<String>> = RefCell::new(None);
         let answered = Cell::new(false);
         let mut settled = vec![Settle::Untouched; claimed.len()];
@@ -45,12 +56,22 @@ impl Publisher<'_> {
             chains(claimed)
         };
         let results: Vec<Vec<(usize, Settle)>> = futures_util::stream::iter(lanes)
-            .map(|lane| self.run_lane(lane, claimed, &down, &answered))
+            .map(|lane| self.run_lane(lane, claimed, open, &down, &answered))
             .buffer_unordered(self.parallel.max(1))
             .collect()
             .await;
         for (i, s) in results.into_iter().flatten() {
             settled[i] = s;
+        }
+        // Stdout writes its buffered lines here: the transaction must still be open then.
+        if !open.may_publish().await {
+            self.sink.discard();
+            for s in settled.iter_mut() {
+                if matches!(s, Settle::Delivered) {
+                    *s = Settle::Untouched;
+                }
+            }
+            return (settled, down.into_inner());
         }
         if let Err(e) = self.sink.flush().await {
             // Nothing is confirmed until the batch's flush is.
@@ -70,6 +91,7 @@ impl Publisher<'_> {
         &self,
         lane: Vec<usize>,
         claimed: &[Claimed],
+        open: &Open<'_>,
         down: &RefCell<Option<String>>,
         answered: &Cell<bool>,
     ) -> Vec<(usize, Settle)> {
@@ -86,6 +108,9 @@ impl Publisher<'_> {
             );
             if stopped.contains(&key) {
                 continue;
+            }
+            if !c.blocked && !open.may_publish().await {
+                break;
             }
             let s = self.deliver_one(c, down, answered).await;
             if !matches!(s, Settle::Delivered) {

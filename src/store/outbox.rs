@@ -378,6 +378,16 @@ const BEGIN_CLAIM: &str = "BEGIN;
     SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
     SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
+/// Sets a batch transaction's `idle_in_transaction_session_timeout` to `$1` milliseconds, unless
+/// the session's own is shorter (an operator's, for the role or the database: the relay never
+/// lengthens it), and returns the one now in force. `SET LOCAL` (`set_config(…, true)`): it ends
+/// with the transaction, so a transaction-mode pooler is fine. The relay counts on it to know
+/// how long the server may leave the transaction open while the relay publishes
+/// ([`crate::relay::liveness`]).
+const SET_IDLE: &str = "SELECT ms, set_config('idle_in_transaction_session_timeout', ms || 'ms', true) AS set
+  FROM (SELECT least(nullif((extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval)
+                             * 1000)::int8, 0), $1) AS ms) t";
+
 /// What one claim may take.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimLimits {
@@ -392,27 +402,31 @@ pub struct ClaimLimits {
 }
 
 /// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
-/// `limits.order` (by `seq`, or by `(xid, seq)`); both go out together (one round trip). With
-/// `reach`, the claim may look past its window for other aggregates' heads (step 2 of the module
-/// documentation). With `after`, it claims the batch that follows that one, which this relay
-/// holds uncommitted on another connection ("Claiming ahead" in the module documentation): its
-/// events count as gone, and the first event is taken only if it fits `limits.bytes` too, so
-/// the two batches together stay within it. On error the transaction is rolled back. The caller
-/// ends it with [`settle`] or [`rollback`].
+/// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
+/// `idle` unless the session's own is shorter ([`SET_IDLE`]); all of it goes out together (one
+/// round trip). With `reach`, the claim may look past its window for other aggregates' heads
+/// (step 2 of the module documentation). With `after`, it claims the batch that follows that
+/// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
+/// documentation): its events count as gone, and the first event is taken only if it fits
+/// `limits.bytes` too, so the two batches together stay within it. Returns the events and the
+/// idle timeout in force. On error the transaction is rolled back. The caller ends it with
+/// [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
     reach: bool,
     after: Option<&[Claimed]>,
-) -> Result<Vec<Claimed>, tokio_postgres::Error> {
-    let rows = begin_and_claim(client, schema, limits, reach, after, "").await?;
+    idle: Duration,
+) -> Result<(Vec<Claimed>, Duration), tokio_postgres::Error> {
+    let (rows, idle) =
+        begin_and_claim(client, schema, limits, reach, after, Some(idle), "").await?;
     let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
     match limits.order {
         Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
         Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
     }
-    Ok(claimed)
+    Ok((claimed, idle.unwrap_or_default()))
 }
 
 /// What [`claim`] does, as `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` shows it: the same
@@ -425,11 +439,12 @@ pub async fn explain_claim(
     limits: ClaimLimits,
     reach: bool,
 ) -> Result<serde_json::Value, tokio_postgres::Error> {
-    let rows = begin_and_claim(
+    let (rows, _) = begin_and_claim(
         client,
         schema,
         limits,
         reach,
+        None,
         None,
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ",
     )
@@ -438,16 +453,18 @@ pub async fn explain_claim(
     Ok(rows.first().map(|r| r.get(0)).unwrap_or_default())
 }
 
-/// [`BEGIN_CLAIM`] and the claim statement (after `prefix`), in one round trip; on error the
-/// transaction is rolled back.
+/// [`BEGIN_CLAIM`], [`SET_IDLE`] (with `idle`) and the claim statement (after `prefix`), in one
+/// round trip; returns the claim's rows and the idle timeout in force. On error the transaction
+/// is rolled back.
 async fn begin_and_claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
     reach: bool,
     after: Option<&[Claimed]>,
+    idle: Option<Duration>,
     prefix: &str,
-) -> Result<Vec<Row>, tokio_postgres::Error> {
+) -> Result<(Vec<Row>, Option<Duration>), tokio_postgres::Error> {
     let ClaimLimits {
         batch,
         bytes,
@@ -476,24 +493,32 @@ async fn begin_and_claim(
         (&gone, Type::INT8_ARRAY),
         (&first_always, Type::BOOL),
     ];
-    let (begun, rows) = tokio::join!(
+    let idle_ms = idle.map(ms);
+    let set_idle = async {
+        match idle_ms {
+            Some(idle_ms) => client
+                .query_typed_one(SET_IDLE, &[(&idle_ms, Type::INT8)])
+                .await
+                .map(|r| Some(r.get::<_, i64>("ms"))),
+            None => Ok(None),
+        }
+    };
+    let (begun, set, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
+        set_idle,
         client.query_typed(&claim, &params)
     );
-    begun?;
-    match rows {
-        Ok(rows) => Ok(rows),
+    let done = begun.and(set).and_then(|set| Ok((rows?, set)));
+    match done {
+        Ok((rows, set)) => Ok((
+            rows,
+            set.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        )),
         Err(e) => {
             let _ = rollback(client).await;
             Err(e)
         }
     }
-}
-
-/// Checks that a batch's transaction is still open on its connection (one round trip): a
-/// session ended by the server, or a transaction already aborted, fails.
-pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute("SELECT 1").await
 }
 
 /// Ends a batch's transaction without changing anything: every claimed event is back.

@@ -39,6 +39,7 @@ mod relay_dead_heads;
 mod relay_faults;
 mod relay_locked;
 mod relay_order;
+mod relay_session;
 mod relay_sinks;
 mod relay_wake;
 mod release;

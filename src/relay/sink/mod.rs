@@ -209,6 +209,27 @@ impl Sink {
         }
     }
 
+    /// Drops what `deliver` accepted but did not publish yet (only stdout buffers, until
+    /// `flush`): the batch is not to be published after all.
+    pub fn discard(&self) {
+        if let Sink::Stdout(s) = self {
+            s.discard();
+        }
+    }
+
+    /// How long after its delivery started an event may still reach the sink's consumers: a
+    /// command or a webhook's handler may act on it until it is stopped or given up on
+    /// (`timeout`); a broker has it as soon as it is written, and stdout's buffer is written at
+    /// once, by `flush`.
+    pub fn in_flight(&self, timeout: Duration) -> Duration {
+        match self {
+            Sink::Exec(_) => timeout,
+            #[cfg(feature = "http")]
+            Sink::Http(_) => timeout,
+            _ => Duration::ZERO,
+        }
+    }
+
     /// How many aggregates may be in flight at once within a batch.
     pub fn parallelism(&self) -> usize {
         match self {
