@@ -445,7 +445,11 @@ fn http_nothing_listening_is_unavailable() {
         let url = format!("http://127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.starts_with(&format!("cannot connect to {url}: ")), "{m}");
+        // The relay names the sink in front of it, once.
+        assert!(
+            m.starts_with("cannot connect: ") && !m.contains(&url),
+            "{m}"
+        );
     });
 }
 
@@ -455,10 +459,7 @@ fn http_unknown_host_is_unavailable() {
         // .invalid never resolves (RFC 2606); without DNS at all this fails too.
         let sink = http_sink("http://leasectl-test.invalid/", Duration::from_secs(4));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(
-            m.contains("cannot connect to http://leasectl-test.invalid/"),
-            "{m}"
-        );
+        assert!(m.starts_with("cannot connect: "), "{m}");
     });
 }
 
@@ -489,7 +490,7 @@ fn https_to_a_peer_without_tls_is_unavailable() {
         let url = format!("https://{}/", peer.addr);
         let sink = http_sink(&url, Duration::from_secs(1));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.starts_with("cannot connect to https://"), "{m}");
+        assert!(m.starts_with("cannot connect: "), "{m}");
         assert!(peer.requests().is_empty());
     });
 }
@@ -511,8 +512,10 @@ fn http_credentials_in_the_url_become_basic_auth_and_stay_secret() {
         let url = format!("http://alice:s3cr%40t@127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.contains("http://alice:***@127.0.0.1:"), "{m}");
-        assert!(!m.contains("s3cr"), "{m}");
+        assert!(
+            m.starts_with("cannot connect: ") && !m.contains("s3cr"),
+            "{m}"
+        );
     });
 }
 

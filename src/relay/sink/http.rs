@@ -109,8 +109,6 @@ pub struct Http {
     endpoint: Url,
     /// Basic-auth credentials from the URL, percent-decoded.
     credentials: Option<(String, Option<String>)>,
-    /// The URL for messages, password redacted.
-    shown: String,
     opts: SinkOptions,
 }
 
@@ -133,7 +131,6 @@ impl Http {
             client,
             endpoint,
             credentials,
-            shown,
             opts,
         })
     }
@@ -184,7 +181,7 @@ impl Http {
         let cause = root_cause(e);
         if e.is_connect() {
             // Includes DNS failures, refused connections, the connect timeout and TLS errors.
-            DeliveryError::Unavailable(format!("cannot connect to {}: {cause}", self.shown))
+            DeliveryError::Unavailable(format!("cannot connect: {cause}"))
         } else if e.is_timeout() {
             DeliveryError::Rejected(format!(
                 "no response within {}",

@@ -91,6 +91,30 @@ impl SinkSpec {
         }
     }
 
+    /// Whether what the sink publishes to depends on the database the relay serves (an AMQP
+    /// URL without `?exchange=`: [`SinkSpec::for_deployment`]).
+    pub fn needs_deployment(&self) -> bool {
+        match self {
+            #[cfg(feature = "amqp")]
+            SinkSpec::Amqp(s) => !s.exchange_given,
+            _ => false,
+        }
+    }
+
+    /// Fills in what depends on the database the relay serves (`database`, as the server names
+    /// it, and `schema`): an AMQP URL without `?exchange=` publishes to this deployment's own
+    /// exchange ([`amqp::default_exchange`]), so that two deployments on one RabbitMQ vhost never
+    /// publish into each other's queues. Returns what the operator should be told (the exchange
+    /// chosen, a login as guest).
+    #[allow(unused_variables)]
+    pub fn for_deployment(&mut self, database: &str, schema: &str) -> Vec<String> {
+        match self {
+            #[cfg(feature = "amqp")]
+            SinkSpec::Amqp(s) => s.for_deployment(database, schema),
+            _ => Vec::new(),
+        }
+    }
+
     /// How the sink is named in messages, without any password.
     pub fn describe(&self) -> String {
         match self {

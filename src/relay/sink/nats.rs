@@ -250,9 +250,8 @@ impl Nats {
             Ok(Err(e)) if e.kind() == PublishErrorKind::StreamNotFound => {
                 self.state.lock().await.stream_ready = false;
                 return Err(DeliveryError::Unavailable(format!(
-                    "{}: no JetStream stream captures subject {subject} (no responders); \
-                     looking for one, or creating it, on the next delivery",
-                    self.spec.describe()
+                    "no JetStream stream captures subject {subject} (no responders); \
+                     looking for one, or creating it, on the next delivery"
                 )));
             }
             Ok(Err(e)) => publish_message(&e),
@@ -261,7 +260,7 @@ impl Nats {
                 humantime::format_duration(self.opts.timeout)
             ),
         };
-        let message = format!("{}: {subject}: {why}", self.spec.describe());
+        let message = format!("{subject}: {why}");
         if client.connection_state() == ConnectionState::Connected {
             Err(DeliveryError::Rejected(message))
         } else {
@@ -287,8 +286,7 @@ impl Nats {
             Ok(Ok(ready)) => return Ok(ready),
             Ok(Err(e)) => e,
             Err(_elapsed) => format!(
-                "{}: not ready within {}",
-                self.spec.describe(),
+                "not ready within {}",
                 humantime::format_duration(self.opts.timeout)
             ),
         };
@@ -311,7 +309,7 @@ impl Nats {
                 .request_timeout(Some(self.opts.timeout))
                 .connect(servers)
                 .await
-                .map_err(|e| format!("cannot connect to {}: {e}", self.spec.describe()))?;
+                .map_err(|e| format!("cannot connect: {e}"))?;
             let js = jetstream::ContextBuilder::new()
                 .timeout(self.opts.timeout)
                 .build(client.clone());
@@ -338,15 +336,13 @@ impl Nats {
                 };
                 js.create_stream(config).await.map(drop).map_err(|e| {
                     format!(
-                        "{}: no stream captures {wildcard} and creating stream {} failed: {e}",
-                        self.spec.describe(),
+                        "no stream captures {wildcard} and creating stream {} failed: {e}",
                         self.spec.stream
                     )
                 })
             }
             Err(e) => Err(format!(
-                "{}: cannot look up the JetStream stream for {wildcard} (is JetStream enabled?): {e}",
-                self.spec.describe()
+                "cannot look up the JetStream stream for {wildcard} (is JetStream enabled?): {e}"
             )),
         }
     }
