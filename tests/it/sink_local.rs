@@ -74,6 +74,13 @@ fn rejected(r: Result<(), DeliveryError>) -> String {
     }
 }
 
+fn no_answer(r: Result<(), DeliveryError>) -> String {
+    match r {
+        Err(DeliveryError::NoAnswer(m)) => m,
+        other => panic!("expected NoAnswer, got {other:?}"),
+    }
+}
+
 fn unavailable(r: Result<(), DeliveryError>) -> String {
     match r {
         Err(DeliveryError::Unavailable(m)) => m,
@@ -422,12 +429,12 @@ fn http_redirects_are_rejected_not_followed() {
 }
 
 #[test]
-fn http_silent_peer_is_rejected_at_the_timeout() {
+fn http_silent_peer_is_no_answer_at_the_timeout() {
     runtime().block_on(async {
         let peer = Peer::start(Answer::Silence).await;
         let sink = http_sink(&peer.url("/"), Duration::from_millis(500));
         let start = Instant::now();
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = no_answer(sink.deliver(&event("a", serde_json::json!({}))).await);
         assert_eq!(m, "no response within 500ms");
         assert!(
             start.elapsed() < Duration::from_secs(5),
@@ -644,7 +651,7 @@ fn exec_timeout_stops_the_command_and_its_children() {
     let timeout = Duration::from_secs(2);
     let sink = exec_sink(&sleeper(dir.path(), ""), timeout);
     let start = Instant::now();
-    let m = rejected(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
     assert_eq!(m, "timed out after 2s");
     // SIGTERM was enough: no need to wait out the grace period.
     assert!(
@@ -666,7 +673,7 @@ fn exec_timeout_escalates_to_sigkill() {
     // An ignored SIGTERM is inherited by the background sleep too.
     let sink = exec_sink(&sleeper(dir.path(), "trap '' TERM;"), timeout);
     let start = Instant::now();
-    let m = rejected(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
     assert_eq!(m, "timed out after 2s");
     assert!(
         start.elapsed() >= timeout + KILL_GRACE,

@@ -70,7 +70,7 @@
 //! | broker nack | `Rejected` |
 //! | broker closed the channel refusing the message (PRECONDITION_FAILED, e.g. larger than its `max_message_size`) | `Rejected` |
 //! | message returned as unroutable (no queue bound for its routing key) | `Rejected`, although the broker acks it after returning it |
-//! | no confirm within `--timeout` | `Rejected` — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
+//! | no confirm within `--timeout` | `NoAnswer` (the event's refusal if the broker confirmed others meanwhile) — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
 
 use std::collections::HashSet;
@@ -583,7 +583,7 @@ impl Amqp {
         } else if status.blocked() {
             "the broker is blocking publishers (resource alarm)"
         } else {
-            return DeliveryError::Rejected(format!(
+            return DeliveryError::NoAnswer(format!(
                 "no publisher confirm within {}",
                 humantime::format_duration(self.opts.timeout)
             ));

@@ -10,8 +10,12 @@
 //!
 //! * [`DeliveryError::Rejected`]: the sink answered and refused *this event* (HTTP non-2xx, a
 //!   broker nack or an unroutable message, a command that exited non-zero, no confirmation
-//!   within `--timeout`, a webhook request sent and then answered by a reset). It costs the
+//!   a webhook request sent and then answered by a reset). It costs the
 //!   event an attempt; after `--max-attempts` it is dead.
+//! * [`DeliveryError::NoAnswer`]: no answer within `--timeout`. It is the event's refusal
+//!   (charged) when the sink answered another delivery of the batch while this one waited,
+//!   else the sink counts as unavailable (nothing charged): a broker black-holed for minutes
+//!   used to charge every event an attempt per `--timeout` and turn healthy events dead.
 //! * [`DeliveryError::Unavailable`]: the sink could not be reached at all (connection refused or
 //!   lost). No attempt is counted — a broker outage must not kill events. If nothing in the
 //!   batch got through, the relay backs off and tries again later; if other deliveries of the
@@ -45,12 +49,18 @@ pub enum DeliveryError {
     Rejected(String),
     /// The sink is unreachable: no attempt is counted; the relay backs off.
     Unavailable(String),
+    /// No answer within `--timeout` (no confirm, no ack, no response, a command that did not
+    /// finish). This event's refusal only if the sink answered other deliveries meanwhile: a
+    /// sink that answers nobody is down, not refusing ([`crate::relay::publish`]).
+    NoAnswer(String),
 }
 
 impl std::fmt::Display for DeliveryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DeliveryError::Rejected(m) | DeliveryError::Unavailable(m) => f.write_str(m),
+            DeliveryError::Rejected(m)
+            | DeliveryError::Unavailable(m)
+            | DeliveryError::NoAnswer(m) => f.write_str(m),
         }
     }
 }

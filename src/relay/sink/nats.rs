@@ -36,7 +36,8 @@
 //! |---|---|
 //! | server unreachable at connect, JetStream unavailable, stream lookup or creation failed | `Unavailable` |
 //! | no stream captures the subject ("no responders") | `Unavailable`; the stream is ensured again next time |
-//! | error ack, or no ack within `--timeout`, while connected | `Rejected` |
+//! | error ack while connected | `Rejected` |
+//! | no ack within `--timeout` while connected | `NoAnswer` (the event's refusal if the server acked others meanwhile) |
 //! | the same while the client is disconnected (reconnecting) | `Unavailable` |
 //! | event type that is not a valid subject suffix (empty token, whitespace, `*`, `>`) | `Rejected` |
 
@@ -254,14 +255,21 @@ impl Nats {
                      looking for one, or creating it, on the next delivery"
                 )));
             }
-            Ok(Err(e)) => publish_message(&e),
-            Err(_elapsed) => format!(
-                "no ack within {}",
-                humantime::format_duration(self.opts.timeout)
+            Ok(Err(e)) if e.kind() != PublishErrorKind::TimedOut => (publish_message(&e), false),
+            Ok(Err(_)) | Err(_) => (
+                format!(
+                    "no ack within {}",
+                    humantime::format_duration(self.opts.timeout)
+                ),
+                true,
             ),
         };
+        let (why, silent) = why;
         let message = format!("{subject}: {why}");
         if client.connection_state() == ConnectionState::Connected {
+            if silent {
+                return Err(DeliveryError::NoAnswer(message));
+            }
             Err(DeliveryError::Rejected(message))
         } else {
             Err(DeliveryError::Unavailable(format!(
