@@ -667,6 +667,13 @@ impl Relay {
                         idle,
                     });
                 }
+                // Unanswered: the server (or the path to it) is most likely silent for both
+                // connections. Not committing this batch either keeps `--once` within one
+                // deadline of the silence; its events go out again, at least once.
+                Err(e) if e.is::<Lost>() => {
+                    ahead.reset();
+                    return Err(e);
+                }
                 Err(e) => {
                     info!(
                         "could not claim the next batch ahead ({}); claiming it after this one",
