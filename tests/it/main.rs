@@ -38,6 +38,7 @@ mod relay_backlog;
 mod relay_dead_heads;
 mod relay_faults;
 mod relay_locked;
+mod relay_memory;
 mod relay_order;
 mod relay_session;
 mod relay_sinks;
