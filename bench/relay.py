@@ -179,7 +179,8 @@ def claim_script(schema):
     sql = (
         sql.replace("{eligible}", "")
         .replace("{past}", "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)")
-        .replace("{firsts}", "SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id")
+        .replace("{firsts:win1}", "SELECT min(seq) AS seq FROM win1 GROUP BY aggregate_type, aggregate_id")
+        .replace("{firsts:win2}", "SELECT min(seq) AS seq FROM win2 GROUP BY aggregate_type, aggregate_id")
     )
     sql = re.sub(r"\{key:(\w)\}", r"\1.seq", sql)
     # The shared predicates ({held}, …) are constants of src/store/mod.rs, spliced in by store::sql.

@@ -416,13 +416,25 @@ Sinks:
   stdout                         one JSON object per line
   exec:COMMAND                   sh -c COMMAND per event, event JSON on stdin; exit 0 = delivered
   amqp://user:pw@host/vhost[?exchange=NAME&properties=full]
-                                 RabbitMQ topic exchange (default leasectl), routing key = type,
-                                 persistent, mandatory, publisher confirms, message_id = event id;
+                                 RabbitMQ topic exchange (default leasectl.DATABASE.SCHEMA, named
+                                 when the relay starts), routing key = type, persistent,
+                                 mandatory, publisher confirms, message_id = event id;
                                  properties=full adds type, app_id and aggregate headers
   nats://host:4222[?subject=PREFIX&stream=NAME]
                                  JetStream PREFIX.TYPE (default leasectl, stream LEASECTL),
                                  Nats-Msg-Id = event id
   http(s)://host/path            POST with Idempotency-Key = event id; 2xx = delivered
+
+No answer within --timeout is the event's refusal only if the sink answered other deliveries
+meanwhile; a sink that answers nobody is down and charges nothing.
+
+An event is published only while its batch's transaction is known to be open: the claim sets the
+transaction's idle_in_transaction_session_timeout (11s, plus --timeout for exec: and webhooks;
+a shorter one of the role or database is kept), and past 10s since its last answered statement
+the relay confirms it with a round trip before publishing more, leaving the rest unpublished if it
+ended. Every statement must be answered within 10s (LEASECTL_STATEMENT_TIMEOUT; VACUUM 60s), else
+the relay warns, drops the connection and reconnects; --once exits 69 within 15s of a database
+gone silent.
 
 --format cloudevents publishes CloudEvents 1.0: a structured JSON event on stdout and exec:'s
 stdin; binary mode (the payload as body) with ce-* headers over HTTP and NATS and cloudEvents:*
@@ -439,8 +451,9 @@ Examples:
   leasectl relay --sink https://hooks.example.com/ --format cloudevents --source /orders
 
 Exit codes: 0 done (--once) or stopped by SIGINT/SIGTERM after the batch in hand; 1 --once, but
-events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR); 69 database unreachable, or the sink unreachable with
---once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
+events went dead during the pass; 2 usage (also: --metrics cannot listen on ADDR); 69 database
+unreachable or silent past a statement's deadline, a batch's transaction ended, or the sink
+unreachable with --once (or stdout closed); 70 internal; 77 the role lacks a privilege.";
 
 const EXPECT_HELP: &str = "\
 A target is watched when it has an expectation or a schedule (stored by `run --slot`; `status`

@@ -113,10 +113,17 @@ pub fn extend_deadline(extra: Duration) {
 
 /// `LEASECTL_STATEMENT_TIMEOUT` (a duration such as `30s`), else [`STATEMENT_WINDOW`].
 fn statement_window() -> Result<Duration> {
+    Ok(statement_timeout()?.unwrap_or(STATEMENT_WINDOW))
+}
+
+/// `LEASECTL_STATEMENT_TIMEOUT`, if set: a one-shot command's window, or how long one of the
+/// relay's statements may go unanswered.
+pub fn statement_timeout() -> Result<Option<Duration>> {
     match std::env::var("LEASECTL_STATEMENT_TIMEOUT") {
         Ok(v) if !v.trim().is_empty() => crate::config::parse_duration(v.trim())
+            .map(Some)
             .map_err(|e| crate::exit::usage(format!("LEASECTL_STATEMENT_TIMEOUT: {e}"))),
-        _ => Ok(STATEMENT_WINDOW),
+        _ => Ok(None),
     }
 }
 

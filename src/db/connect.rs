@@ -334,7 +334,13 @@ impl Attempt {
 /// authentication and the `target_session_attrs` check, which tokio-postgres makes).
 pub(super) async fn open(
     settings: &Settings,
-) -> Result<(Client, mpsc::UnboundedReceiver<Notification>)> {
+) -> Result<(
+    Client,
+    (
+        mpsc::UnboundedReceiver<Notification>,
+        tokio::task::AbortHandle,
+    ),
+)> {
     let tls = settings.connector()?;
     let mut tried = Vec::new();
     for target in settings.order() {

@@ -58,13 +58,15 @@ pub struct Db {
     pub schema: Schema,
     settings: Arc<Settings>,
     pooling: Pooling,
+    /// The task that drives the connection's socket.
+    driver: tokio::task::AbortHandle,
 }
 
 impl Db {
     /// Connects and brings the schema up to date.
     pub async fn connect(settings: Settings, schema: Schema) -> Result<Db> {
         let settings = Arc::new(settings);
-        let (mut client, notifications, known) = session::open(&settings, None).await?;
+        let (mut client, (notifications, driver), known) = session::open(&settings, None).await?;
         let statement_timeout = migrate(&mut client, &schema).await?;
         Ok(Db {
             client,
@@ -72,29 +74,44 @@ impl Db {
             schema,
             settings,
             pooling: session::judge(known, &statement_timeout),
+            driver,
         })
     }
 
     /// Opens a fresh connection with the same settings (the schema is already migrated, and
     /// whether a pooler is in between is known).
     pub async fn reconnect(&mut self) -> Result<()> {
-        let (client, notifications, _) = session::open(&self.settings, Some(self.pooling)).await?;
+        let (client, (notifications, driver), _) =
+            session::open(&self.settings, Some(self.pooling)).await?;
         self.client = client;
         self.notifications = notifications;
+        self.driver = driver;
         Ok(())
     }
 
     /// Opens a second connection with the same settings, for work beside this one's (the
     /// relay claims its next batch on it while it publishes one: [`crate::store::outbox::claim`]).
     pub async fn another(&self) -> Result<Db> {
-        let (client, notifications, _) = session::open(&self.settings, Some(self.pooling)).await?;
+        let (client, (notifications, driver), _) =
+            session::open(&self.settings, Some(self.pooling)).await?;
         Ok(Db {
             client,
             notifications,
             schema: self.schema.clone(),
             settings: self.settings.clone(),
             pooling: self.pooling,
+            driver,
         })
+    }
+
+    /// Closes the connection's socket now, without a goodbye and without waiting for answers
+    /// still owed: for a connection whose server stopped answering. Dropping the client alone
+    /// would leave the socket open until the server answered or TCP gave up, and a server that
+    /// resumes would find its session's client still there; with the socket closed it ends the
+    /// session (rolling back what was open) as soon as it runs again. Every later statement on
+    /// this connection fails at once; [`Db::reconnect`] replaces it.
+    pub fn close_now(&self) {
+        self.driver.abort();
     }
 
     /// Whether LISTEN works on this connection (not behind a transaction-mode pooler); where it

@@ -12,15 +12,21 @@ use tokio_postgres::{AsyncMessage, Connection, Notification};
 use super::Schema;
 
 /// Runs `connection` (which does the socket I/O) as its own task and returns the stream of the
-/// notifications it receives; the stream ends when the connection does.
-pub(super) fn drive<S, T>(connection: Connection<S, T>) -> mpsc::UnboundedReceiver<Notification>
+/// notifications it receives (it ends when the connection does) and the task's handle, to close
+/// the socket at once ([`super::Db::close_now`]).
+pub(super) fn drive<S, T>(
+    connection: Connection<S, T>,
+) -> (
+    mpsc::UnboundedReceiver<Notification>,
+    tokio::task::AbortHandle,
+)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::unbounded_channel();
     let mut connection = connection;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(msg) = messages.next().await {
             match msg {
@@ -32,7 +38,7 @@ where
             }
         }
     });
-    rx
+    (rx, task.abort_handle())
 }
 
 impl Schema {

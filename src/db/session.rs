@@ -26,6 +26,12 @@ use tokio::sync::mpsc;
 use tokio_postgres::{Client, Notification};
 
 use super::connect::{self, Settings, STATEMENT_TIMEOUT};
+
+/// A connection's notifications and the task that drives its socket.
+pub(super) type Driven = (
+    mpsc::UnboundedReceiver<Notification>,
+    tokio::task::AbortHandle,
+);
 use crate::error::Failure;
 
 /// How a connection reaches its server connection.
@@ -55,11 +61,7 @@ fn forced() -> Result<Option<Pooling>> {
 pub(super) async fn open(
     settings: &Settings,
     known: Option<Pooling>,
-) -> Result<(
-    Client,
-    mpsc::UnboundedReceiver<Notification>,
-    Option<Pooling>,
-)> {
+) -> Result<(Client, Driven, Option<Pooling>)> {
     let forced = forced()?;
     let known = forced.or(known);
     if known == Some(Pooling::Pooled) {

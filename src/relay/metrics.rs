@@ -159,6 +159,21 @@ impl Inner {
     }
 }
 
+/// The metrics' address, bound; nothing served yet.
+pub struct Bound(TcpListener);
+
+impl Bound {
+    /// Serves the metrics of a relay to `sink` (its label) from a task of its own.
+    pub fn serve(self, sink: &str) -> Metrics {
+        let inner = Arc::new(Inner::new(sink));
+        tokio::spawn(accept_loop(self.0, inner.clone()));
+        Metrics {
+            inner: Some(inner),
+            next_refresh: None,
+        }
+    }
+}
+
 /// The relay's handle on its metrics: a no-op unless `--metrics` is on.
 #[derive(Default)]
 pub struct Metrics {
@@ -173,18 +188,14 @@ impl Metrics {
         Metrics::default()
     }
 
-    /// Binds `addr` and serves the metrics of a relay to `sink` from a task of its own. A
-    /// bind failure is a usage error naming the address.
-    pub async fn serve(addr: SocketAddr, sink: &str) -> Result<Metrics> {
+    /// Binds `addr` (before the relay connects: a port that is taken is the operator's to fix,
+    /// whatever the database); [`Bound::serve`] then serves. A bind failure is a usage error
+    /// naming the address.
+    pub async fn bind(addr: SocketAddr) -> Result<Bound> {
         let listener = TcpListener::bind(addr).await.map_err(|e| {
             Failure::Usage(format!("--metrics: cannot listen on {addr}: {}", brief(&e)))
         })?;
-        let inner = Arc::new(Inner::new(sink));
-        tokio::spawn(accept_loop(listener, inner.clone()));
-        Ok(Metrics {
-            inner: Some(inner),
-            next_refresh: None,
-        })
+        Ok(Bound(listener))
     }
 
     /// Counts a settled batch: what was delivered (and how long after its creation), refused

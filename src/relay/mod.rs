@@ -20,8 +20,10 @@
 //!   jitter) and, after `--max-attempts`, is dead; its aggregate waits, others carry on;
 //! * the sink is unreachable → nothing is charged; the relay backs off (1s doubling to 30s)
 //!   and tries again (with `--once` it exits 69 instead);
-//! * the database connection is lost → reconnect with backoff; the batch in flight rolled back
-//!   and will be published again.
+//! * the database connection is lost, or a statement goes unanswered past its deadline, or the
+//!   batch's transaction may have ended → drop the connection and reconnect with backoff; the
+//!   batch in flight rolls back with its session and will be published again ([`liveness`]);
+//!   `--once` exits 69 instead.
 //!
 //! Waking: LISTEN on `<schema>.outbox` (the insert trigger and `leasectl run`'s save NOTIFY
 //! it; the trigger only while a relay holds the idle mark, see [`wake`]), else `--poll`, else
@@ -36,6 +38,7 @@
 //! outbox event ([`crate::health::reconcile`]); `--once` evaluates once, before it drains.
 
 pub mod backoff;
+pub mod liveness;
 pub mod metrics;
 pub mod progress;
 pub mod publish;
@@ -53,6 +56,7 @@ use crate::exit::{Exit, Failure};
 use crate::fmt;
 use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Order, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
+use liveness::{best_effort, bounded, Lost, Open};
 use metrics::Metrics;
 use progress::Progress;
 use publish::Publisher;
@@ -96,6 +100,9 @@ pub struct RelayConfig {
     pub order: Order,
     /// Payload bytes per batch (`--batch-bytes`).
     pub batch_bytes: i64,
+    /// How long one statement may go unanswered before its connection is dropped
+    /// ([`liveness::STATEMENT_DEADLINE`] unless `LEASECTL_STATEMENT_TIMEOUT` says otherwise).
+    pub statement_deadline: Duration,
 }
 
 /// Runs the relay until `--once` has drained what was due, or a signal arrives, reporting into
@@ -112,8 +119,11 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
             format: cfg.format.clone(),
         },
     )?;
+    let in_flight = sink.in_flight(cfg.timeout);
     let mut relay = Relay {
         parallel: cfg.parallel.unwrap_or_else(|| sink.parallelism()).max(1),
+        in_flight,
+        idle: liveness::idle_timeout(in_flight),
         sink,
         up_to_seq: i64::MAX,
         listening: false,
@@ -136,12 +146,24 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         took: None,
         cfg,
     };
+    let d = relay.cfg.statement_deadline;
     // Before `--once` fixes what it drains, so the incidents it opens are published too.
-    relay.watch_health(&db).await?;
-    if relay.cfg.once {
-        relay.up_to_seq = outbox::max_seq(&db.client, &db.schema).await?;
-    } else {
-        relay.listen(&db).await?;
+    let started = async {
+        relay.watch_health(&db).await?;
+        if relay.cfg.once {
+            relay.up_to_seq = bounded(
+                d,
+                "the look at the outbox",
+                outbox::max_seq(&db.client, &db.schema),
+            )
+            .await?;
+        } else {
+            relay.listen(&db).await?;
+        }
+        relay.refresh_backlog(&db).await
+    };
+    if let Err(e) = started.await {
+        return Err(unavailable(e));
     }
     info!(
         "relaying schema \"{}\" to {} (batch {}, {} aggregates at a time{})",
@@ -151,7 +173,6 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         relay.parallel,
         if relay.cfg.once { ", once" } else { "" }
     );
-    relay.progress.refresh_backlog(&db.client, &db.schema).await;
     let result = tokio::select! {
         r = relay.main_loop(&mut db, &stop) => r,
         Ok(sig) = &mut second => {
@@ -170,6 +191,11 @@ struct Relay {
     cfg: RelayConfig,
     sink: Sink,
     parallel: usize,
+    /// How long an event may still take to reach the sink's consumers once its delivery
+    /// started ([`Sink::in_flight`]), and the idle timeout the claims set for their batches'
+    /// transactions ([`liveness::idle_timeout`]).
+    in_flight: Duration,
+    idle: Duration,
     /// `--once` publishes only events that existed when it started.
     up_to_seq: i64,
     listening: bool,
@@ -246,10 +272,23 @@ impl Conn {
 struct Ahead {
     /// Opened when first needed; dropped when a statement on it failed (opened again later).
     spare: Option<Db>,
-    /// The next batch, the connection its transaction is on, and how long its claim took.
-    next: Option<(Conn, Vec<Claimed>, Duration)>,
+    /// The next batch.
+    next: Option<Next>,
     /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
     failed_at: Option<Instant>,
+}
+
+/// A claimed batch and its transaction.
+struct Next {
+    /// The connection its transaction is on.
+    conn: Conn,
+    events: Vec<Claimed>,
+    /// How long its claim took.
+    took: Duration,
+    /// When the last statement of its transaction that the server answered was sent (its
+    /// claim, or a later check), and the idle timeout its claim set: see [`Open`].
+    confirmed: Instant,
+    idle: Duration,
 }
 
 impl Ahead {
@@ -267,52 +306,42 @@ impl Ahead {
     /// batches go.
     fn free<'a>(&'a self, db: &'a Db) -> &'a Db {
         match (&self.next, &self.spare) {
-            (Some((Conn::Main, _, _)), Some(spare)) => spare,
+            (
+                Some(Next {
+                    conn: Conn::Main, ..
+                }),
+                Some(spare),
+            ) => spare,
             _ => db,
-        }
-    }
-
-    /// The batch claimed ahead, if any and if its transaction is still open. It waited while
-    /// the batch before it was published, and its session may have been ended meanwhile (by
-    /// `idle_in_transaction_session_timeout`, say): its events are then back in the outbox, for
-    /// any relay to claim, and must not be published from here. One round trip tells.
-    async fn take_next(&mut self, db: &Db) -> Option<(Conn, Vec<Claimed>, Duration)> {
-        let (conn, next, took) = self.next.take()?;
-        match outbox::ping(&self.conn(db, conn).client).await {
-            Ok(()) => Some((conn, next, took)),
-            Err(e) => {
-                info!(
-                    "the batch claimed ahead was lost with its session ({}); claiming again",
-                    db::reason(&e)
-                );
-                self.failed(conn);
-                None
-            }
         }
     }
 
     /// Rolls back the batch claimed ahead, if any: its events are back in the outbox as they
     /// were. A failure on the main connection is returned (the relay then reconnects, which
     /// ends that transaction too); the second connection is simply dropped.
-    async fn roll_back(&mut self, db: &Db) -> Result<(), tokio_postgres::Error> {
-        let Some((conn, _, _)) = self.next.take() else {
+    async fn roll_back(&mut self, db: &Db, deadline: Duration) -> Result<()> {
+        let Some(next) = self.next.take() else {
             return Ok(());
         };
-        match outbox::rollback(&self.conn(db, conn).client).await {
-            Err(e) if conn == Conn::Main => Err(e),
+        let client = &self.conn(db, next.conn).client;
+        match bounded(deadline, "a rollback", outbox::rollback(client)).await {
+            Err(e) if next.conn == Conn::Main => Err(e),
             Err(_) => {
-                self.failed(conn);
+                self.failed(next.conn);
                 Ok(())
             }
             Ok(()) => Ok(()),
         }
     }
 
-    /// A statement on `conn` failed: the second connection is dropped (and opened again when
-    /// next needed); a main connection that failed tells at its next statement.
+    /// A statement on `conn` failed: the second connection is closed (and opened again when
+    /// next needed; the server ends its transaction once it notices); a main connection that
+    /// failed tells at its next statement.
     fn failed(&mut self, conn: Conn) {
         if conn == Conn::Spare {
-            self.spare = None;
+            if let Some(spare) = self.spare.take() {
+                spare.close_now();
+            }
         }
     }
 
@@ -321,7 +350,7 @@ impl Ahead {
     /// the caller.
     fn reset(&mut self) {
         self.next = None;
-        self.spare = None;
+        self.failed(Conn::Spare);
     }
 }
 
@@ -332,58 +361,25 @@ impl Relay {
         // For `--once`: events that went dead during this pass make its exit code 1.
         let mut went_dead = 0;
         let mut ahead = Ahead::default();
+        let d = self.cfg.statement_deadline;
         loop {
             if stop.is_cancelled() {
                 // Best effort: exiting closes the connection, which rolls it back anyway.
-                let _ = ahead.roll_back(db).await;
+                let _ = ahead.roll_back(db, d).await;
                 return Ok(Exit::Code(0));
             }
             // Notifications that arrived while we were busy are answered by this very claim.
             while db.notifications.try_recv().is_ok() {}
-            let step = if self.cfg.once {
-                Ok(())
-            } else {
-                self.watch_health(ahead.free(db)).await
-            };
-            let step = match step {
-                Ok(()) => self.batch(db, &mut ahead, stop).await,
-                Err(e) => Err(e),
-            };
-            let report = match step {
+            let report = match self.turn(db, &mut ahead, stop).await {
                 Ok(r) => r,
                 Err(e) => {
-                    let Some(pg) = e.downcast_ref::<tokio_postgres::Error>() else {
-                        return Err(e);
-                    };
-                    if !db::is_unavailable(pg) || self.cfg.once {
-                        return Err(e);
-                    }
-                    // Also a statement timeout: a fresh session is the cure for a stuck one.
-                    warn!(
-                        "database connection failed ({}); reconnecting",
-                        db::reason(pg)
-                    );
-                    ahead.reset();
-                    self.reconnect(db, stop, &mut db_outage).await?;
+                    self.recover(db, &mut ahead, stop, &mut db_outage, e)
+                        .await?;
                     continue;
                 }
             };
             db_outage.reset();
             went_dead += report.went_dead;
-            // Between batches the relay's other statements go to the connection without an
-            // open batch (the main one, unless the next batch was claimed ahead on it).
-            let free = ahead.free(db);
-            if (report.claimed as i64) < self.cfg.batch {
-                self.watch_commit_horizon(free).await;
-            }
-            self.deleted_since_horizon += report.delivered as u64;
-            self.watch_xmin_horizon(free).await;
-            self.progress.batch(report.delivered);
-            self.progress
-                .refresh_backlog(&free.client, &free.schema)
-                .await;
-            self.metrics.refresh(&free.client, &free.schema).await;
-            self.maybe_vacuum(free, report.delivered).await;
 
             self.metrics.sink_up(report.sink_down.is_none());
             if let Some(msg) = report.sink_down {
@@ -418,72 +414,174 @@ impl Relay {
                 }
                 return Ok(Exit::Code(0));
             }
-            // Before sleeping: take the mark, then claim once more — whatever committed
-            // without a NOTIFY did so before the mark was taken ([`wake`]).
-            let mut nap = self.cfg.poll;
-            if self.held.is_some() {
-                nap = nap.min(HELD_EVERY);
+            if let Err(e) = self.rest(db, stop).await {
+                self.recover(db, &mut ahead, stop, &mut db_outage, e)
+                    .await?;
             }
-            if self.listening {
-                match self.mark.take(&db.client, &db.schema).await {
-                    Ok(Take::Taken) => {
-                        self.mark_waits = false;
-                        continue;
+        }
+    }
+
+    /// One batch and the bookkeeping after it, every statement under its deadline.
+    async fn turn(
+        &mut self,
+        db: &Db,
+        ahead: &mut Ahead,
+        stop: &CancellationToken,
+    ) -> Result<BatchReport> {
+        if !self.cfg.once {
+            self.watch_health(ahead.free(db)).await?;
+        }
+        let report = self.batch(db, ahead, stop).await?;
+        // Between batches the relay's other statements go to the connection without an open
+        // batch (the main one, unless the next batch was claimed ahead on it).
+        let free = ahead.free(db);
+        if (report.claimed as i64) < self.cfg.batch {
+            self.watch_commit_horizon(free).await?;
+        }
+        self.deleted_since_horizon += report.delivered as u64;
+        self.watch_xmin_horizon(free).await?;
+        self.progress.batch(report.delivered);
+        self.refresh_backlog(free).await?;
+        let d = self.cfg.statement_deadline;
+        bounded(d, "the metrics' look at the outbox", async {
+            self.metrics.refresh(&free.client, &free.schema).await;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await?;
+        self.maybe_vacuum(free, report.delivered).await?;
+        Ok(report)
+    }
+
+    /// Before sleeping: takes the idle mark, then claims once more — whatever committed without
+    /// a NOTIFY did so before the mark was taken ([`wake`]) — or sleeps.
+    async fn rest(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<()> {
+        let mut nap = self.cfg.poll;
+        if self.held.is_some() {
+            nap = nap.min(HELD_EVERY);
+        }
+        if self.listening {
+            let d = self.cfg.statement_deadline;
+            let taken = tokio::time::timeout(d, self.mark.take(&db.client, &db.schema)).await;
+            match taken {
+                Ok(Ok(Take::Taken)) => {
+                    self.mark_waits = false;
+                    return Ok(());
+                }
+                // Claim again meanwhile, and retry; said once per episode.
+                Ok(Ok(Take::Busy)) => {
+                    if !self.mark_waits {
+                        self.mark_waits = true;
+                        info!("an open transaction that inserted events without a NOTIFY keeps this relay from sleeping on LISTEN; polling every {} until it ends", fmt::duration(wake::TAKE_WAIT));
                     }
-                    // Claim again meanwhile, and retry; said once per episode.
-                    Ok(Take::Busy) => {
-                        if !self.mark_waits {
-                            self.mark_waits = true;
-                            info!("an open transaction that inserted events without a NOTIFY keeps this relay from sleeping on LISTEN; polling every {} until it ends", fmt::duration(wake::TAKE_WAIT));
-                        }
-                        continue;
-                    }
-                    Ok(Take::Held) => {}
-                    // The holder may die or start working: try again soon, so that an
-                    // unnotified event waits at most this long when this relay is the only
-                    // one left.
-                    Ok(Take::Other) => nap = nap.min(wake::OTHER_RETRY),
-                    // Sleep unmarked: the connection is gone (the next claim reconnects), or
-                    // `--poll` finds the events.
-                    Err(e) => info!("cannot take the idle mark ({})", db::reason(&e)),
+                    return Ok(());
+                }
+                Ok(Ok(Take::Held)) => {}
+                // The holder may die or start working: try again soon, so that an
+                // unnotified event waits at most this long when this relay is the only one
+                // left.
+                Ok(Ok(Take::Other)) => nap = nap.min(wake::OTHER_RETRY),
+                // Sleep unmarked: the connection is gone (the next claim reconnects), or
+                // `--poll` finds the events.
+                Ok(Err(e)) => info!("cannot take the idle mark ({})", db::reason(&e)),
+                Err(_) => {
+                    // The mark may or may not be held now: a new session starts without it.
+                    return Err(Lost(format!(
+                        "the database did not answer the idle mark within {}",
+                        fmt::duration(d)
+                    ))
+                    .into());
                 }
             }
-            self.idle(db, stop, nap).await?;
         }
+        self.idle(db, stop, nap).await
+    }
+
+    /// What the relay does when a statement failed: a lost connection (an error that means the
+    /// database is unavailable, or [`Lost`]) is dropped and reconnected, with a warning; the
+    /// batch in flight rolls back with its session and is published again. With `--once`, and
+    /// for any other error, returns the error to exit with.
+    async fn recover(
+        &mut self,
+        db: &mut Db,
+        ahead: &mut Ahead,
+        stop: &CancellationToken,
+        backoff: &mut Backoff,
+        e: anyhow::Error,
+    ) -> Result<()> {
+        let why = if let Some(lost) = e.downcast_ref::<Lost>() {
+            lost.to_string()
+        } else if let Some(pg) = e
+            .downcast_ref::<tokio_postgres::Error>()
+            .filter(|pg| db::is_unavailable(pg))
+        {
+            // Also a statement timeout: a fresh session is the cure for a stuck one.
+            format!("database connection failed ({})", db::reason(pg))
+        } else {
+            return Err(e);
+        };
+        if self.cfg.once {
+            return Err(unavailable(e));
+        }
+        warn!("{why}; reconnecting");
+        // Whatever the server still owes on these connections is not waited for.
+        db.close_now();
+        ahead.reset();
+        self.reconnect(db, stop, backoff).await
     }
 
     /// Claims, publishes and settles one batch in one transaction — or takes the one claimed
     /// ahead ([`Ahead`]) — and, while batches come back full, claims the next one on the other
-    /// connection meanwhile.
+    /// connection meanwhile. An event is published only while its batch's transaction is known
+    /// to be open ([`Open`]); once it may have ended, the rest of the batch is left unpublished
+    /// and the batch fails with [`Lost`].
     async fn batch(
         &mut self,
         db: &Db,
         ahead: &mut Ahead,
         stop: &CancellationToken,
     ) -> Result<BatchReport> {
+        let d = self.cfg.statement_deadline;
         let limits = ClaimLimits {
             batch: self.cfg.batch,
             bytes: self.cfg.batch_bytes,
             up_to_seq: self.up_to_seq,
             order: self.cfg.order,
         };
-        let (on, claimed, claim_took) = match ahead.take_next(db).await {
+        let taken = match ahead.next.take() {
+            Some(next) => self.still_open(db, ahead, next).await?,
+            None => None,
+        };
+        let Next {
+            conn: on,
+            events: claimed,
+            took: claim_took,
+            confirmed,
+            idle,
+        } = match taken {
             Some(next) => next,
             None => {
                 let reach = self.reach_now();
-                let started = Instant::now();
-                let claimed = outbox::claim(&db.client, &db.schema, limits, reach, None).await?;
+                let sent = Instant::now();
+                let claim = outbox::claim(&db.client, &db.schema, limits, reach, None, self.idle);
+                let (claimed, idle) = bounded(d, "the claim", claim).await?;
                 self.reach_next = reach_next(self.cfg.batch, &claimed);
-                (Conn::Main, claimed, started.elapsed())
+                Next {
+                    conn: Conn::Main,
+                    events: claimed,
+                    took: sent.elapsed(),
+                    confirmed: sent,
+                    idle,
+                }
             }
         };
         if claimed.is_empty() {
-            outbox::rollback(&ahead.conn(db, on).client).await?;
+            let client = &ahead.conn(db, on).client;
+            bounded(d, "a rollback", outbox::rollback(client)).await?;
             return Ok(BatchReport::default());
         }
         // Working again: writers may stop notifying. (The mark is the main connection's; it
         // is only ever held after an empty claim, so never while a batch is claimed ahead.)
-        self.mark.release(&db.client).await?;
+        bounded(d, "the idle mark's release", self.mark.release(&db.client)).await?;
 
         let bytes: i64 = claimed.iter().map(|c| c.event.payload.len() as i64).sum();
         let next_on = if (claimed.len() as i64) == self.cfg.batch
@@ -506,38 +604,80 @@ impl Relay {
             bytes: self.cfg.batch_bytes - bytes,
             ..limits
         };
-        let (published, next) = {
+        let (own_idle, in_flight) = (self.idle, self.in_flight);
+        let (published, next, lost) = {
             let ahead = &*ahead;
+            let open = Open::new(&ahead.conn(db, on).client, confirmed, idle, in_flight, d);
             let claim_next = async {
                 let conn = ahead.conn(db, next_on?);
-                let started = Instant::now();
-                let next =
-                    outbox::claim(&conn.client, &db.schema, next_limits, reach, Some(&claimed))
-                        .await;
-                Some((next, started.elapsed()))
+                let sent = Instant::now();
+                let claim = outbox::claim(
+                    &conn.client,
+                    &db.schema,
+                    next_limits,
+                    reach,
+                    Some(&claimed),
+                    own_idle,
+                );
+                let next = bounded(d, "the claim of the next batch", claim).await;
+                Some((next, sent))
             };
             let publish = async {
                 let started = Instant::now();
-                (publisher.publish(&claimed).await, started.elapsed())
+                // Keeping the transaction confirmed meanwhile; abandoned once it may have
+                // ended (what was under way is dropped: its events go back with the session).
+                let published = tokio::select! {
+                    published = publisher.publish(&claimed, &open) => Some(published),
+                    () = open.keep_alive() => None,
+                };
+                (published, started.elapsed())
             };
-            tokio::join!(publish, claim_next)
+            let (published, next) = tokio::join!(publish, claim_next);
+            (published, next, open.lost())
         };
-        let ((settled, sink_down), publish_took) = published;
+        let (published, publish_took) = published;
         self.took = Some((claim_took, publish_took));
+        if let Some(why) = lost {
+            // Its events are back in the outbox (or will be, once the server notices), and
+            // whoever claims them next publishes them in order. What went out of this batch
+            // goes out again (at least once); nothing more of it does. The batch claimed
+            // ahead continues this one: it ends uncommitted with its session too.
+            ahead.reset();
+            return Err(Lost(format!(
+                "the transaction of a batch of {} events may have ended ({why}): the rest of the batch is left unpublished, and what was published will be again",
+                claimed.len()
+            ))
+            .into());
+        }
+        let (settled, sink_down) =
+            published.expect("publication ends only with the transaction lost");
         let delivered = settled
             .iter()
             .filter(|s| matches!(s, Settle::Delivered))
             .count();
-        if let (Some(conn), Some((next, took))) = (next_on, next) {
+        if let (Some(conn), Some((next, sent))) = (next_on, next) {
             match next {
-                Ok(next) => {
+                Ok((next, idle)) => {
                     self.reach_next = reach_next(self.cfg.batch, &next);
-                    ahead.next = Some((conn, next, took));
+                    ahead.next = Some(Next {
+                        conn,
+                        events: next,
+                        took: sent.elapsed(),
+                        confirmed: sent,
+                        idle,
+                    });
+                }
+                // Unanswered: the server (or the path to it) is most likely silent for both
+                // connections. Not committing this batch either keeps `--once` within one
+                // deadline of the silence; its events go out again, at least once.
+                Err(e) if e.is::<Lost>() => {
+                    ahead.reset();
+                    return Err(e);
                 }
                 Err(e) => {
                     info!(
                         "could not claim the next batch ahead ({}); claiming it after this one",
-                        db::reason(&e)
+                        reason(&e)
                     );
                     ahead.failed(conn);
                 }
@@ -547,15 +687,26 @@ impl Relay {
         // event of this one put back, are not gone after all.
         let keep = delivered == claimed.len()
             && !stop.is_cancelled()
-            && ahead
-                .next
-                .as_ref()
-                .is_some_and(|(_, next, _)| !next.is_empty());
+            && ahead.next.as_ref().is_some_and(|n| !n.events.is_empty());
         if !keep {
-            ahead.roll_back(db).await?;
+            ahead.roll_back(db, d).await?;
         }
         let client = &ahead.conn(db, on).client;
-        if let Err(failed) = outbox::settle(client, &db.schema, &claimed, &settled).await {
+        let settle = outbox::settle(client, &db.schema, &claimed, &settled);
+        let failed = match tokio::time::timeout(d, settle).await {
+            Ok(Ok(())) => None,
+            Ok(Err(failed)) => Some(failed),
+            Err(_) => {
+                // The batch claimed ahead ends with the sessions, as below.
+                ahead.reset();
+                return Err(Lost(format!(
+                    "the database did not answer the commit of {delivered} delivered events within {}; they may be published again",
+                    fmt::duration(d)
+                ))
+                .into());
+            }
+        };
+        if let Some(failed) = failed {
             if delivered > 0 {
                 // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
                 warn!(
@@ -587,6 +738,34 @@ impl Relay {
             went_dead,
             sink_down,
         })
+    }
+
+    /// The batch claimed ahead, if its transaction is still open. It waited while the batch
+    /// before it was published, and its session may have ended meanwhile (by the idle timeout
+    /// while this relay was paused, say): its events are then back in the outbox, for any relay
+    /// to claim, and must not be published from here. Known without a round trip within the
+    /// transaction's window ([`Open`]), with one past it. Lost on the second connection, it is
+    /// claimed again; on the main one, that connection is lost too ([`Lost`]).
+    async fn still_open(&self, db: &Db, ahead: &mut Ahead, mut next: Next) -> Result<Option<Next>> {
+        let d = self.cfg.statement_deadline;
+        let why = {
+            let client = &ahead.conn(db, next.conn).client;
+            let open = Open::new(client, next.confirmed, next.idle, self.in_flight, d);
+            if open.may_publish().await {
+                next.confirmed = open.confirmed();
+                return Ok(Some(next));
+            }
+            open.lost().unwrap_or_default()
+        };
+        if next.conn == Conn::Main {
+            return Err(Lost(format!(
+                "the batch claimed ahead was lost with its session ({why})"
+            ))
+            .into());
+        }
+        info!("the batch claimed ahead was lost with its session ({why}); claiming again");
+        ahead.failed(next.conn);
+        Ok(None)
     }
 
     /// Whether the next claim should look past its window (step 2 of [`outbox`]'s claim).
@@ -643,25 +822,27 @@ impl Relay {
     /// longer than `--poll` × 10: once for each such transaction, repeated at most once per
     /// [`WARN_EVERY`] while it lasts. Looks at most once per [`HELD_EVERY`], after a short claim
     /// (a full one is not held back). Best effort.
-    async fn watch_commit_horizon(&mut self, db: &Db) {
+    async fn watch_commit_horizon(&mut self, db: &Db) -> Result<(), Lost> {
         if self.cfg.order != Order::Commit
             || (!self.cfg.once && self.held_at.is_some_and(|t| t.elapsed() < HELD_EVERY))
         {
-            return;
+            return Ok(());
         }
+        let d = self.cfg.statement_deadline;
         self.held_at = Some(Instant::now());
-        let Ok(h) = outbox::commit_horizon(&db.client, &db.schema).await else {
-            return;
+        let horizon = outbox::commit_horizon(&db.client, &db.schema);
+        let Some(h) = best_effort(d, "the look at the commit horizon", horizon).await? else {
+            return Ok(());
         };
         if !h.held {
             self.held = None;
-            return;
+            return Ok(());
         }
         let since = match self.held {
             Some((xmin, since)) if xmin == h.xmin => since,
             _ => {
                 self.held = Some((h.xmin, Instant::now()));
-                return;
+                return Ok(());
             }
         };
         let waited = since.elapsed();
@@ -670,11 +851,12 @@ impl Relay {
                 .held_warned
                 .is_some_and(|(xmin, t)| xmin == h.xmin && t.elapsed() < WARN_EVERY)
         {
-            return;
+            return Ok(());
         }
         self.held_warned = Some((h.xmin, Instant::now()));
-        let who = match outbox::xid_holder(&db.client, h.xmin).await {
-            Ok(Some(holder)) => describe(&holder),
+        let holder = outbox::xid_holder(&db.client, h.xmin);
+        let who = match best_effort(d, "the look at pg_stat_activity", holder).await? {
+            Some(Some(holder)) => describe(&holder),
             // Ended meanwhile, or in no view this role may read.
             _ => "no backend in pg_stat_activity has it (ended meanwhile?)".to_owned(),
         };
@@ -683,6 +865,7 @@ impl Relay {
             fmt::duration(waited),
             h.xmin
         );
+        Ok(())
     }
 
     /// Warns, naming the backend, when a transaction open longer than `--poll` × 10 holds back
@@ -690,19 +873,21 @@ impl Relay {
     /// and every claim wades through them (issue 12 §5.9). Looks at most once per `--poll` × 10
     /// (capped at a minute), only after deleting events, and warns once per backend. Best
     /// effort.
-    async fn watch_xmin_horizon(&mut self, db: &Db) {
+    async fn watch_xmin_horizon(&mut self, db: &Db) -> Result<(), Lost> {
         let every = self.cfg.poll.saturating_mul(10).min(WARN_EVERY);
         if self.horizon_at.is_some_and(|t| t.elapsed() < every) {
-            return;
+            return Ok(());
         }
         self.horizon_at = Some(Instant::now());
         let deleted = std::mem::take(&mut self.deleted_since_horizon);
         if deleted == 0 {
-            return;
+            return Ok(());
         }
         let min_ms = fmt::ms(self.cfg.poll.saturating_mul(10));
-        let Ok(holders) = outbox::horizon_holders(&db.client, min_ms).await else {
-            return;
+        let look = outbox::horizon_holders(&db.client, min_ms);
+        let d = self.cfg.statement_deadline;
+        let Some(holders) = best_effort(d, "the look at pg_stat_activity", look).await? else {
+            return Ok(());
         };
         for holder in holders {
             // Once per backend (a pid is reused only after that backend ended).
@@ -719,6 +904,7 @@ impl Relay {
                 describe(&holder)
             );
         }
+        Ok(())
     }
 
     /// Evaluates the targets' health and opens or closes incidents, at most once per
@@ -730,7 +916,14 @@ impl Relay {
             return Ok(());
         }
         self.health_at = Some(Instant::now());
-        match crate::health::reconcile(&db.client, &db.schema).await {
+        let reconcile = crate::health::reconcile(&db.client, &db.schema);
+        let d = self.cfg.statement_deadline;
+        match tokio::time::timeout(d, reconcile).await.map_err(|_| {
+            Lost(format!(
+                "the database did not answer the health evaluation within {}",
+                fmt::duration(d)
+            ))
+        })? {
             Ok(Some(r)) if r.opened + r.recovered > 0 => {
                 info!(
                     "health: {} incident(s) opened, {} recovered",
@@ -756,17 +949,23 @@ impl Relay {
     /// Waits for a NOTIFY, the poll interval, the earliest retry falling due, or a signal.
     async fn idle(&mut self, db: &mut Db, stop: &CancellationToken, nap: Duration) -> Result<()> {
         let mut wait = nap;
-        match outbox::next_retry_in(&db.client, &db.schema).await {
-            Ok(Some(due)) => wait = wait.min(due.max(Duration::from_millis(10))),
-            Ok(None) => {}
+        let d = self.cfg.statement_deadline;
+        let retry = outbox::next_retry_in(&db.client, &db.schema);
+        match best_effort(d, "the look for retries", retry).await? {
+            Some(Some(due)) => wait = wait.min(due.max(Duration::from_millis(10))),
+            Some(None) => {}
             // The next claim reports (and recovers from) a lost connection.
-            Err(_) => return Ok(()),
+            None => return Ok(()),
         }
-        self.progress.refresh_backlog(&db.client, &db.schema).await;
+        self.refresh_backlog(db).await?;
         if let Some(due) = self.progress.backlog_due_in() {
             wait = wait.min(due.max(Duration::from_millis(10)));
         }
-        self.metrics.refresh(&db.client, &db.schema).await;
+        bounded(d, "the metrics' look at the outbox", async {
+            self.metrics.refresh(&db.client, &db.schema).await;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await?;
         if let Some(due) = self.metrics.refresh_due_in() {
             wait = wait.min(due.max(Duration::from_millis(10)));
         }
@@ -792,7 +991,16 @@ impl Relay {
             );
             return Ok(());
         }
-        match db::notify::listen(&db.client, &db.schema.outbox_channel()).await {
+        let d = self.cfg.statement_deadline;
+        let channel = db.schema.outbox_channel();
+        let listen = db::notify::listen(&db.client, &channel);
+        let listened = tokio::time::timeout(d, listen).await.map_err(|_| {
+            Lost(format!(
+                "the database did not answer LISTEN within {}",
+                fmt::duration(d)
+            ))
+        })?;
+        match listened {
             Ok(()) => self.listening = true,
             Err(e) if db::is_unavailable(&e) => return Err(e.into()),
             // Behind a transaction pooler LISTEN may not work; polling still does.
@@ -827,7 +1035,9 @@ impl Relay {
                     self.metrics.reconnected();
                     return Ok(());
                 }
-                Err(e) if Exit::from_error(&e) == Exit::Unavailable => {
+                Err(e) if Exit::from_error(&e) == Exit::Unavailable || e.is::<Lost>() => {
+                    // A session that went silent at once is closed, not left to linger.
+                    db.close_now();
                     info!("still cannot reach the database: {e:#}");
                 }
                 Err(e) => return Err(e),
@@ -835,16 +1045,37 @@ impl Relay {
         }
     }
 
+    /// Reads the backlog for the progress line, when it is due ([`Progress::refresh_backlog`]).
+    async fn refresh_backlog(&mut self, db: &Db) -> Result<()> {
+        let d = self.cfg.statement_deadline;
+        bounded(d, "the look at the backlog", async {
+            self.progress.refresh_backlog(&db.client, &db.schema).await;
+            Ok::<_, anyhow::Error>(())
+        })
+        .await
+    }
+
     /// Vacuums the outbox after heavy draining so it and its indexes stay small. Best effort:
-    /// a role that may not vacuum the table leaves it to autovacuum.
-    async fn maybe_vacuum(&mut self, db: &Db, delivered: usize) {
+    /// a role that may not vacuum the table leaves it to autovacuum. A VACUUM unanswered after
+    /// [`liveness::VACUUM_DEADLINE`] (a silent server, or a table too large to vacuum in that
+    /// time) loses the connection, and this relay leaves the table to autovacuum from then on.
+    async fn maybe_vacuum(&mut self, db: &Db, delivered: usize) -> Result<(), Lost> {
         self.since_vacuum += delivered as u64;
         if !self.vacuum || self.since_vacuum < VACUUM_EVERY {
-            return;
+            return Ok(());
         }
         self.since_vacuum = 0;
         let started = Instant::now();
-        match outbox::vacuum(&db.client, &db.schema).await {
+        let d = self.cfg.statement_deadline.max(liveness::VACUUM_DEADLINE);
+        let Ok(vacuumed) = tokio::time::timeout(d, outbox::vacuum(&db.client, &db.schema)).await
+        else {
+            self.vacuum = false;
+            return Err(Lost(format!(
+                "the database did not answer the outbox's VACUUM within {} (this relay leaves it to autovacuum from now on)",
+                fmt::duration(d)
+            )));
+        };
+        match vacuumed {
             Ok(true) => info!(
                 "vacuumed the outbox in {}",
                 fmt::duration(started.elapsed())
@@ -862,6 +1093,26 @@ impl Relay {
                 self.vacuum = false;
             }
         }
+        Ok(())
+    }
+}
+
+/// A [`Lost`] connection as the exit it means (69), saying that nothing was lost; any other
+/// error as it is.
+fn unavailable(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<Lost>() {
+        Ok(lost) => {
+            Failure::Unavailable(format!("{lost}; undelivered events stay in the outbox")).into()
+        }
+        Err(e) => e,
+    }
+}
+
+/// A failed statement's error in one line: the server's message, or what the client saw.
+fn reason(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<tokio_postgres::Error>() {
+        Some(pg) => db::reason(pg),
+        None => fmt::one_line(&format!("{e:#}"), 300),
     }
 }
 

@@ -8,17 +8,28 @@
 //! in creation order across aggregates too (what the stdout sink promises); otherwise each
 //! aggregate is a lane of its own and different aggregates proceed concurrently.
 //!
+//! An event starts out only while the batch's transaction is known to be open
+//! ([`Open::may_publish`]): once it may have ended, the rest of the batch stays unpublished
+//! (stdout's buffered lines are dropped, not written), since its events are back in the outbox
+//! for any relay to claim.
+//!
 //! One chain's failure never holds the others back: a refusal stops only its aggregate. An
 //! unreachable sink ([`DeliveryError::Unavailable`]) stops the whole batch — and backs the relay
 //! off — only while nothing in the batch has got through; once some delivery was answered, an
-//! unreachable moment stops only the aggregate it hit (left untouched, no attempt charged).
+//! unreachable moment stops only the aggregate it hit (left untouched, no attempt charged). A
+//! delivery that got no answer within `--timeout` ([`DeliveryError::NoAnswer`]) stops its
+//! aggregate too, and is judged once the lanes are done ([`Publisher::judge_silences`]): the
+//! event's refusal if the sink answered another delivery while it waited, else no fault of the
+//! event's.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use futures_util::StreamExt;
 
 use super::backoff::retry_delay;
+use super::liveness::Open;
 use super::sink::{DeliveryError, Sink};
 use crate::fmt;
 use crate::store::outbox::{Claimed, Settle};
@@ -33,11 +44,17 @@ pub struct Publisher<'a> {
 }
 
 impl Publisher<'_> {
-    /// Publishes a claimed batch. Returns each event's fate and, if the sink was unreachable,
-    /// why (everything not yet confirmed is then left untouched).
-    pub async fn publish(&self, claimed: &[Claimed]) -> (Vec<Settle>, Option<String>) {
+    /// Publishes a claimed batch, whose transaction is `open`. Returns each event's fate and,
+    /// if the sink was unreachable, why (everything not yet confirmed is then left untouched).
+    /// Once the transaction may have ended ([`Open::lost`]), nothing more is published.
+    pub async fn publish(
+        &self,
+        claimed: &[Claimed],
+        open: &Open<'_>,
+    ) -> (Vec<Settle>, Option<String>) {
         let down: RefCell<Option<String>> = RefCell::new(None);
-        let answered = Cell::new(false);
+        let answered = Cell::new(None);
+        let silent = RefCell::new(Vec::new());
         let mut settled = vec![Settle::Untouched; claimed.len()];
         let lanes = if self.parallel == 1 {
             vec![(0..claimed.len()).collect()]
@@ -45,12 +62,23 @@ impl Publisher<'_> {
             chains(claimed)
         };
         let results: Vec<Vec<(usize, Settle)>> = futures_util::stream::iter(lanes)
-            .map(|lane| self.run_lane(lane, claimed, &down, &answered))
+            .map(|lane| self.run_lane(lane, claimed, open, &down, &answered, &silent))
             .buffer_unordered(self.parallel.max(1))
             .collect()
             .await;
         for (i, s) in results.into_iter().flatten() {
             settled[i] = s;
+        }
+        self.judge_silences(claimed, &mut settled, silent.into_inner(), &answered, &down);
+        // Stdout writes its buffered lines here: the transaction must still be open then.
+        if !open.may_publish().await {
+            self.sink.discard();
+            for s in settled.iter_mut() {
+                if matches!(s, Settle::Delivered) {
+                    *s = Settle::Untouched;
+                }
+            }
+            return (settled, down.into_inner());
         }
         if let Err(e) = self.sink.flush().await {
             // Nothing is confirmed until the batch's flush is.
@@ -70,8 +98,10 @@ impl Publisher<'_> {
         &self,
         lane: Vec<usize>,
         claimed: &[Claimed],
+        open: &Open<'_>,
         down: &RefCell<Option<String>>,
-        answered: &Cell<bool>,
+        answered: &Cell<Option<Instant>>,
+        silent: &RefCell<Vec<Silence>>,
     ) -> Vec<(usize, Settle)> {
         let mut stopped: HashSet<(&str, &str)> = HashSet::new();
         let mut out = Vec::with_capacity(lane.len());
@@ -87,7 +117,17 @@ impl Publisher<'_> {
             if stopped.contains(&key) {
                 continue;
             }
-            let s = self.deliver_one(c, down, answered).await;
+            if !c.blocked && !open.may_publish().await {
+                break;
+            }
+            let started = Instant::now();
+            let s = match self.deliver_one(c, down, answered).await {
+                Ok(s) => s,
+                Err(msg) => {
+                    silent.borrow_mut().push(Silence { i, started, msg });
+                    Settle::Untouched
+                }
+            };
             if !matches!(s, Settle::Delivered) {
                 stopped.insert(key);
             }
@@ -96,24 +136,26 @@ impl Publisher<'_> {
         out
     }
 
-    /// Delivers one event. `answered` records that some delivery of the batch got an answer
-    /// (delivered or refused): from then on an unreachable sink stops only this aggregate.
+    /// Delivers one event. `answered` records when a delivery of the batch last got an answer
+    /// (delivered or refused): from the first one on, an unreachable sink stops only this
+    /// aggregate. No answer at all is returned as `Err`, for [`Publisher::judge_silences`].
     async fn deliver_one(
         &self,
         c: &Claimed,
         down: &RefCell<Option<String>>,
-        answered: &Cell<bool>,
-    ) -> Settle {
+        answered: &Cell<Option<Instant>>,
+    ) -> Result<Settle, String> {
         if c.blocked {
-            return Settle::Untouched;
+            return Ok(Settle::Untouched);
         }
-        match self.sink.deliver(&c.event).await {
+        Ok(match self.sink.deliver(&c.event).await {
             Ok(()) => {
-                answered.set(true);
+                answered.set(Some(Instant::now()));
                 Settle::Delivered
             }
+            Err(DeliveryError::NoAnswer(msg)) => return Err(msg),
             Err(DeliveryError::Unavailable(msg)) => {
-                if answered.get() {
+                if answered.get().is_some() {
                     info!(
                         "event {} ({} {}): {msg}; left for the next batch, no attempt charged",
                         c.event.id, c.event.aggregate_type, c.event.aggregate_id
@@ -124,13 +166,48 @@ impl Publisher<'_> {
                 Settle::Untouched
             }
             Err(DeliveryError::Rejected(error)) => {
-                answered.set(true);
-                let attempt = c.attempts.saturating_add(1);
-                Settle::Failed {
-                    error,
-                    retry_in: retry_delay(attempt, fastrand::f64()),
-                    dead: attempt >= self.max_attempts,
-                    refused_at: std::time::Instant::now(),
+                answered.set(Some(Instant::now()));
+                self.refused(c, error)
+            }
+        })
+    }
+
+    /// An event the sink refused: one more attempt, the backoff, and dead after
+    /// `--max-attempts`.
+    fn refused(&self, c: &Claimed, error: String) -> Settle {
+        let attempt = c.attempts.saturating_add(1);
+        Settle::Failed {
+            error,
+            retry_in: retry_delay(attempt, fastrand::f64()),
+            dead: attempt >= self.max_attempts,
+            refused_at: Instant::now(),
+        }
+    }
+
+    /// The deliveries that got no answer within `--timeout`: the event's refusal when the sink
+    /// answered another delivery while it waited (the sink is alive, this event is its
+    /// problem); otherwise not the event's fault. Then, if anything of the batch was answered
+    /// before, only its aggregate stops for this batch (nothing charged); if nothing was, the
+    /// sink is down: the relay backs off (`--once` exits 69) and nothing is charged — a sink
+    /// that answers nobody, a broker black-holed for minutes, must not turn healthy events dead.
+    fn judge_silences(
+        &self,
+        claimed: &[Claimed],
+        settled: &mut [Settle],
+        silences: Vec<Silence>,
+        answered: &Cell<Option<Instant>>,
+        down: &RefCell<Option<String>>,
+    ) {
+        for Silence { i, started, msg } in silences {
+            let c = &claimed[i];
+            match answered.get() {
+                Some(last) if last > started => settled[i] = self.refused(c, msg),
+                Some(_) => info!(
+                    "event {} ({} {}): {msg}, and nothing else was answered since; left for the next batch, no attempt charged",
+                    c.event.id, c.event.aggregate_type, c.event.aggregate_id
+                ),
+                None => {
+                    down.borrow_mut().get_or_insert(msg);
                 }
             }
         }
@@ -168,6 +245,13 @@ impl Publisher<'_> {
             }
         }
     }
+}
+
+/// A delivery that got no answer: which event, when it started, and what the sink said.
+struct Silence {
+    i: usize,
+    started: Instant,
+    msg: String,
 }
 
 /// The claimed events grouped by aggregate, each group in `seq` order, groups in the order of

@@ -15,20 +15,23 @@
 //!    index `outbox_held` for its aggregate (none while that index is empty): the claim never
 //!    reads a dead event, so however many pile up it costs what it costs without them (issue 12
 //!    §5.9: 300,000 dead heads made every claim read all of them, 0.7 s a claim);
-//! 2. if that window holds fewer than `--batch` aggregates (a burst on one aggregate, say, or
-//!    aggregates whose heads other relays hold), a second window just past it, of the events of
-//!    the aggregates the first does not hold, looking up to 100 windows ahead: so the claim
-//!    reaches past a busy or locked aggregate to the heads of others (issue 12 §5.2: 3,000
-//!    events of one aggregate ahead of 1,000 others kept the others waiting, and two of three
-//!    relays idle);
-//! 3. the first event of each aggregate in those windows, kept only if no older event of the
-//!    aggregate exists, and locked `FOR UPDATE SKIP LOCKED`: a head another relay holds is
-//!    skipped, and with it its whole aggregate;
+//! 2. the first event of each aggregate in that window — its head: an aggregate in the window
+//!    has all its older events there too — locked `FOR UPDATE SKIP LOCKED`, `--batch` of them at
+//!    most: a head another relay holds is skipped, and with it its whole aggregate;
+//! 3. if that gives fewer than `--batch` heads (a burst on one aggregate, say, or aggregates whose
+//!    heads other relays hold, or a session of this relay's that it lost and the server still
+//!    keeps), a second window just past the first, of the events of the aggregates the first
+//!    does not hold, looking up to 100 windows ahead, and its aggregates' heads, locked the same
+//!    way, up to `--batch` heads in all: so the claim reaches past a busy or locked aggregate to
+//!    the heads of others (issue 12 §5.2: 3,000 events of one aggregate ahead of 1,000 others
+//!    kept the others waiting, and two of three relays idle; and a relay whose window was filled
+//!    by aggregates a stopped relay held claimed nothing until that one's session ended);
 //! 4. the windows' events of the aggregates whose head was locked, `--batch` of them: every
 //!    head first, then the rest by `seq`. Each window is a `seq`-ordered run of the
 //!    unblocked events of its aggregates, so each aggregate's events in it run contiguously
 //!    from its head: each aggregate contributes a prefix of its chain, head first;
-//! 5. those rows are deleted, which locks them until the transaction ends.
+//! 5. those rows are deleted, which locks them until the transaction ends. (Heads locked but cut
+//!    off by `--batch-bytes` stay locked until then too.)
 //!
 //! A second relay cannot take any event of an aggregate this relay is working on: the head is
 //! locked, and every later event has an older event (the head) still visible to it until this
@@ -111,8 +114,8 @@ pub struct Event {
 /// How many of the oldest events the claim looks at, per event it may return.
 const WINDOW_FACTOR: i64 = 2;
 
-/// How far past the window the claim looks for other aggregates' heads when the window holds
-/// fewer than `--batch` aggregates, in windows: a burst of up to this many windows' events on a
+/// How far past the window the claim looks for other aggregates' heads when the window gives
+/// fewer than `--batch` heads, in windows: a burst of up to this many windows' events on a
 /// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it. The look
 /// costs a scan of up to that many rows, so the relay asks for it ([`claim`]'s `reach`) only
 /// when it may find something: see `Relay::batch`.
@@ -125,7 +128,7 @@ const REACH_FACTOR: i64 = 100;
 /// connection, to count as gone (a claim ahead; empty otherwise), `$7` = whether the first event
 /// is taken whatever its size (not when claiming ahead). Placeholders for the order ([`Order`]): `{eligible}` (the
 /// events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
-/// (past the first window), `{firsts}` (each aggregate's first event in the windows).
+/// (past the first window), `{firsts:W}` (each aggregate's first event in window W).
 const CLAIM: &str = "
 WITH win1 AS MATERIALIZED (
     SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
@@ -139,12 +142,22 @@ WITH win1 AS MATERIALIZED (
        AND o.dead_at IS NULL AND {not_held:o}
      ORDER BY {key:o}
      LIMIT $2
+), firsts1 AS (
+    {firsts:win1}
+), heads1 AS MATERIALIZED (
+    SELECT o.seq, o.aggregate_type, o.aggregate_id
+      FROM {s}.outbox o
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts1))
+     ORDER BY {key:o}
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
 ), win2 AS MATERIALIZED (
-    -- Only when the window holds fewer than $1 aggregates (a burst on a few, or a few whose
-    -- heads other relays hold): the events just past it of the aggregates it does not hold.
-    -- The condition refers to nothing of this scan, so it is a one-time filter: otherwise the
-    -- scan never runs. An aggregate absent from the window has all its events past it, so the
-    -- first of its events seen here is its head, and its events here a prefix of its chain.
+    -- Only when the window gives fewer than $1 heads (a burst on a few aggregates, or
+    -- aggregates whose heads other relays hold, or a session of this relay's that it lost):
+    -- the events just past it of the aggregates it does not hold. The condition refers to
+    -- nothing of this scan, so it is a one-time filter: otherwise the scan never runs. An
+    -- aggregate absent from the window has all its events past it, so the first of its events
+    -- seen here is its head, and its events here a prefix of its chain.
     SELECT p.seq, p.xid, p.aggregate_type, p.aggregate_id, p.size, p.packed
       FROM (SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
                    pg_column_size(o.payload) AS size,
@@ -154,23 +167,25 @@ WITH win1 AS MATERIALIZED (
              ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
-       AND (SELECT count(*) FROM (SELECT DISTINCT aggregate_type, aggregate_id FROM win1) d) < $1
+       AND (SELECT count(*) FROM heads1) < $1
        AND (p.aggregate_type, p.aggregate_id) NOT IN (
             SELECT aggregate_type, aggregate_id FROM win1)
        AND {not_held:p}
      ORDER BY {key:p}
      LIMIT $2
-), win AS (
-    SELECT * FROM win1 UNION ALL SELECT * FROM win2
-), firsts AS (
-    {firsts}
-), heads AS (
+), firsts2 AS (
+    {firsts:win2}
+), heads2 AS (
     SELECT o.seq, o.aggregate_type, o.aggregate_id
       FROM {s}.outbox o
-     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts))
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts2))
      ORDER BY {key:o}
-     LIMIT $1
+     LIMIT $1 - (SELECT count(*) FROM heads1)
        FOR UPDATE SKIP LOCKED
+), heads AS (
+    SELECT * FROM heads1 UNION ALL SELECT * FROM heads2
+), win AS (
+    SELECT * FROM win1 UNION ALL SELECT * FROM win2
 ), picked AS MATERIALIZED (
     -- Every head first, then the rest in order: one long chain cannot fill the batch while
     -- other aggregates wait, and each aggregate still contributes a prefix of its chain.
@@ -222,7 +237,7 @@ impl Order {
                 "",
                 "A.seq",
                 "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)",
-                "SELECT min(seq) AS seq FROM win GROUP BY aggregate_type, aggregate_id",
+                "SELECT min(seq) AS seq FROM {w} GROUP BY aggregate_type, aggregate_id",
             ),
             // The horizon is an index condition on outbox_commit_order: the scan stops where
             // the events of transactions still in progress begin, however many there are.
@@ -234,14 +249,15 @@ impl Order {
                                      WHERE xid = (SELECT max(xid) FROM win1)))",
                 // min() over an array compares element by element; hashed by aggregate, where
                 // DISTINCT ON would sort the window by its text keys (a third of the claim).
-                "SELECT (min(ARRAY[xid::text::int8, seq]))[2] AS seq FROM win
+                "SELECT (min(ARRAY[xid::text::int8, seq]))[2] AS seq FROM {w}
                   GROUP BY aggregate_type, aggregate_id",
             ),
         };
         let mut t = CLAIM
             .replace("{eligible}", eligible)
             .replace("{past}", past)
-            .replace("{firsts}", firsts);
+            .replace("{firsts:win1}", &firsts.replace("{w}", "win1"))
+            .replace("{firsts:win2}", &firsts.replace("{w}", "win2"));
         for alias in ["o", "p", "w"] {
             t = t.replace(
                 &format!("{{key:{alias}}}"),
@@ -362,6 +378,16 @@ const BEGIN_CLAIM: &str = "BEGIN;
     SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
     SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
 
+/// Sets a batch transaction's `idle_in_transaction_session_timeout` to `$1` milliseconds, unless
+/// the session's own is shorter (an operator's, for the role or the database: the relay never
+/// lengthens it), and returns the one now in force. `SET LOCAL` (`set_config(…, true)`): it ends
+/// with the transaction, so a transaction-mode pooler is fine. The relay counts on it to know
+/// how long the server may leave the transaction open while the relay publishes
+/// ([`crate::relay::liveness`]).
+const SET_IDLE: &str = "SELECT ms, set_config('idle_in_transaction_session_timeout', ms || 'ms', true) AS set
+  FROM (SELECT least(nullif((extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval)
+                             * 1000)::int8, 0), $1) AS ms) t";
+
 /// What one claim may take.
 #[derive(Debug, Clone, Copy)]
 pub struct ClaimLimits {
@@ -376,27 +402,31 @@ pub struct ClaimLimits {
 }
 
 /// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
-/// `limits.order` (by `seq`, or by `(xid, seq)`); both go out together (one round trip). With
-/// `reach`, the claim may look past its window for other aggregates' heads (step 2 of the module
-/// documentation). With `after`, it claims the batch that follows that one, which this relay
-/// holds uncommitted on another connection ("Claiming ahead" in the module documentation): its
-/// events count as gone, and the first event is taken only if it fits `limits.bytes` too, so
-/// the two batches together stay within it. On error the transaction is rolled back. The caller
-/// ends it with [`settle`] or [`rollback`].
+/// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
+/// `idle` unless the session's own is shorter ([`SET_IDLE`]); all of it goes out together (one
+/// round trip). With `reach`, the claim may look past its window for other aggregates' heads
+/// (step 2 of the module documentation). With `after`, it claims the batch that follows that
+/// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
+/// documentation): its events count as gone, and the first event is taken only if it fits
+/// `limits.bytes` too, so the two batches together stay within it. Returns the events and the
+/// idle timeout in force. On error the transaction is rolled back. The caller ends it with
+/// [`settle`] or [`rollback`].
 pub async fn claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
     reach: bool,
     after: Option<&[Claimed]>,
-) -> Result<Vec<Claimed>, tokio_postgres::Error> {
-    let rows = begin_and_claim(client, schema, limits, reach, after, "").await?;
+    idle: Duration,
+) -> Result<(Vec<Claimed>, Duration), tokio_postgres::Error> {
+    let (rows, idle) =
+        begin_and_claim(client, schema, limits, reach, after, Some(idle), "").await?;
     let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
     match limits.order {
         Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
         Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
     }
-    Ok(claimed)
+    Ok((claimed, idle.unwrap_or_default()))
 }
 
 /// What [`claim`] does, as `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` shows it: the same
@@ -409,11 +439,12 @@ pub async fn explain_claim(
     limits: ClaimLimits,
     reach: bool,
 ) -> Result<serde_json::Value, tokio_postgres::Error> {
-    let rows = begin_and_claim(
+    let (rows, _) = begin_and_claim(
         client,
         schema,
         limits,
         reach,
+        None,
         None,
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ",
     )
@@ -422,16 +453,18 @@ pub async fn explain_claim(
     Ok(rows.first().map(|r| r.get(0)).unwrap_or_default())
 }
 
-/// [`BEGIN_CLAIM`] and the claim statement (after `prefix`), in one round trip; on error the
-/// transaction is rolled back.
+/// [`BEGIN_CLAIM`], [`SET_IDLE`] (with `idle`) and the claim statement (after `prefix`), in one
+/// round trip; returns the claim's rows and the idle timeout in force. On error the transaction
+/// is rolled back.
 async fn begin_and_claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
     reach: bool,
     after: Option<&[Claimed]>,
+    idle: Option<Duration>,
     prefix: &str,
-) -> Result<Vec<Row>, tokio_postgres::Error> {
+) -> Result<(Vec<Row>, Option<Duration>), tokio_postgres::Error> {
     let ClaimLimits {
         batch,
         bytes,
@@ -460,24 +493,32 @@ async fn begin_and_claim(
         (&gone, Type::INT8_ARRAY),
         (&first_always, Type::BOOL),
     ];
-    let (begun, rows) = tokio::join!(
+    let idle_ms = idle.map(ms);
+    let set_idle = async {
+        match idle_ms {
+            Some(idle_ms) => client
+                .query_typed_one(SET_IDLE, &[(&idle_ms, Type::INT8)])
+                .await
+                .map(|r| Some(r.get::<_, i64>("ms"))),
+            None => Ok(None),
+        }
+    };
+    let (begun, set, rows) = tokio::join!(
         client.batch_execute(BEGIN_CLAIM),
+        set_idle,
         client.query_typed(&claim, &params)
     );
-    begun?;
-    match rows {
-        Ok(rows) => Ok(rows),
+    let done = begun.and(set).and_then(|set| Ok((rows?, set)));
+    match done {
+        Ok((rows, set)) => Ok((
+            rows,
+            set.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        )),
         Err(e) => {
             let _ = rollback(client).await;
             Err(e)
         }
     }
-}
-
-/// Checks that a batch's transaction is still open on its connection (one round trip): a
-/// session ended by the server, or a transaction already aborted, fails.
-pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
-    client.batch_execute("SELECT 1").await
 }
 
 /// Ends a batch's transaction without changing anything: every claimed event is back.

@@ -487,12 +487,24 @@ impl Watched {
     }
 }
 
+impl Drop for Watched {
+    /// A test that fails before [`Watched::finish`] leaves no leasectl running behind it.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Env {
-    /// Shell code that blocks until [`Env::open_gate`] is called.
+    /// Shell code that blocks until [`Env::open_gate`] is called, or this `Env` is dropped (its
+    /// directory removed), so that a test that fails leaves no gated command waiting forever.
     pub fn gate(&self) -> String {
         format!(
-            "while [ ! -e '{}' ]; do sleep 0.02; done",
-            self.path("gate").display()
+            "while [ ! -e '{}' ] && [ -d '{}' ]; do sleep 0.02; done",
+            self.path("gate").display(),
+            self.dir.path().display()
         )
     }
 
@@ -544,4 +556,28 @@ pub fn spare_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// SIGCONT for every pid it holds when dropped, so that no test leaves a process stopped.
+pub struct Stopped(pub Vec<u32>);
+
+impl Stopped {
+    pub fn stop(pids: Vec<u32>) -> Stopped {
+        for &pid in &pids {
+            kill(pid, libc::SIGSTOP);
+        }
+        Stopped(pids)
+    }
+
+    pub fn resume(&mut self) {
+        for pid in self.0.drain(..) {
+            kill(pid, libc::SIGCONT);
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.resume();
+    }
 }

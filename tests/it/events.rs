@@ -167,3 +167,46 @@ pub(crate) fn assert_per_aggregate_order<'a>(events: impl IntoIterator<Item = &'
         }
     }
 }
+
+/// `(who, aggregate, n)` of every line of a log that exec sinks append `WHO <event JSON>` to, in
+/// the order they were appended.
+pub(crate) fn tagged_log(env: &Env) -> Vec<(String, String, u64)> {
+    std::fs::read_to_string(env.path("log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (who, json) = l.split_once(' ').unwrap_or_else(|| panic!("{l:?}"));
+            let v: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            (
+                who.to_owned(),
+                v["aggregate_id"].as_str().unwrap().to_owned(),
+                v["payload"]["n"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// An exec sink that sleeps `sleep` seconds, then appends `WHO <event JSON>` to the log.
+pub(crate) fn tagged_sink(env: &Env, who: &str, sleep: &str) -> String {
+    format!(
+        "exec:sleep {sleep}; printf '{who} %s\\n' \"$(cat)\" >> '{}'",
+        env.path("log").display()
+    )
+}
+
+/// Per aggregate, in delivery order (events numbered 1… per aggregate): the first delivery is
+/// event 1, and each one after it is either the next event or a redelivery starting again at or
+/// before the last one — never a jump ahead. That is what at-least-once in order allows a
+/// consumer to see: a redelivered run completes its prefix before any newer event arrives.
+pub(crate) fn assert_redeliveries_complete(log: &[(String, String, u64)]) {
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    for (i, (who, agg, n)) in log.iter().enumerate() {
+        let prev = last.insert(agg, *n).unwrap_or(0);
+        assert!(
+            *n <= prev + 1,
+            "aggregate {agg}: event {n} (from relay {who}) came right after event {prev}; \
+             the log around it: {:?}",
+            &log[i.saturating_sub(8)..(i + 8).min(log.len())]
+        );
+    }
+}

@@ -52,7 +52,7 @@ const READS: &[(&str, &str)] = &[
     ("PGPASSFILE", "the password file (default ~/.pgpass)"),
     ("PGSERVICE, PGSERVICEFILE, PGSYSCONFDIR", "a connection service and where pg_service.conf files are found, as in libpq"),
     ("LEASECTL_POOLER", "auto (default) detects a transaction-mode pooler; transaction forces polling instead of LISTEN; none forces LISTEN"),
-    ("LEASECTL_STATEMENT_TIMEOUT", "the deadline for a one-shot command's database work (default 30s), e.g. 2m"),
+    ("LEASECTL_STATEMENT_TIMEOUT", "the deadline for a one-shot command's database work (default 30s), and for each statement of relay (default 10s), e.g. 2m"),
 ];
 
 /// What `run`'s command sees.

@@ -505,3 +505,88 @@ fn a_nats_outage_is_warned_when_the_connection_drops_and_when_it_is_back() {
         "{err}"
     );
 }
+
+/// A sink that answers nobody (a webhook black hole: requests accepted, never answered) is down,
+/// not refusing: the relay backs off and charges nothing, however long it lasts. Before, every
+/// event was charged an attempt per `--timeout` (a black-holed broker: 334 in 12 s), so a long
+/// outage turned healthy events dead.
+#[test]
+fn a_sink_that_answers_nobody_charges_no_attempt() {
+    let env = migrated();
+    insert_events(&env, 20, 4, 0);
+    let hook = Webhook::start(Answer::Silence);
+    let relay = Relay::spawn(
+        &env,
+        &[
+            "--sink",
+            &hook.url(),
+            "--timeout",
+            "300ms",
+            "--max-attempts",
+            "2",
+            "--poll",
+            "100ms",
+        ],
+    );
+    // Three rounds of requests nobody answered, each at least one per aggregate.
+    wait_for("three rounds of unanswered requests", || hook.count() >= 12);
+    let o = relay.stop();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        env.scalar("SELECT max(attempts) || '/' || count(*) FILTER (WHERE dead_at IS NOT NULL) FROM outbox"),
+        "0/0",
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("is unavailable"), "{}", stderr(&o));
+}
+
+/// …while a receiver that hangs on one aggregate's requests and answers the others' is refusing
+/// that aggregate: its head is charged whenever others were answered while it hung, and dead
+/// after `--max-attempts`, as the others drain (slowly here, so that they are still there when it
+/// comes back: with nothing else to deliver, a silence cannot be told from an outage).
+#[test]
+fn a_webhook_hanging_on_one_aggregate_charges_only_that_one() {
+    let env = migrated();
+    insert_events(&env, 600, 20, 0);
+    let hook = Webhook::start(Answer::By(Arc::new(|r, _| {
+        if body(r)["aggregate_id"] == "7" {
+            Answer::Silence
+        } else {
+            Answer::Late(
+                std::time::Duration::from_millis(100),
+                Box::new(no_content()),
+            )
+        }
+    })));
+    let relay = Relay::spawn(
+        &env,
+        &[
+            "--sink",
+            &hook.url(),
+            "--timeout",
+            "500ms",
+            "--max-attempts",
+            "2",
+            "--poll",
+            "100ms",
+        ],
+    );
+    wait_for("'7' to go dead", || {
+        env.scalar("SELECT count(*) FROM outbox WHERE dead_at IS NOT NULL") == "1"
+    });
+    wait_for("the others to drain", || {
+        env.scalar("SELECT count(*) FROM outbox WHERE aggregate_id <> '7'") == "0"
+    });
+    let o = relay.stop();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is dead after 2 attempts"),
+        "{}",
+        stderr(&o)
+    );
+    let dead = outbox_list(&env, true);
+    assert_eq!(dead["events"][0]["aggregate_id"], "7", "{dead}");
+    let error = dead["events"][0]["last_error"].as_str().unwrap();
+    assert!(error.contains("no response within 500ms"), "{error}");
+}

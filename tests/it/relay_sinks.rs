@@ -331,6 +331,74 @@ fn sigterm_stops_a_relay_mid_rabbitmq_batch_with_exit_0_and_nothing_lost() {
     assert_per_aggregate_order(&events);
 }
 
+/// Without `?exchange=`, the relay publishes to this deployment's own exchange,
+/// `leasectl.DATABASE.SCHEMA`, and says so when it starts: a first `--sink amqp://…` on a shared
+/// vhost used to publish to `leasectl`, into whatever another team had bound to it.
+#[test]
+fn amqp_without_an_exchange_publishes_to_this_deployments_own_and_says_so() {
+    let env = migrated();
+    insert_events(&env, 30, 3, 1);
+    let exchange = format!(
+        "leasectl.{}.{}",
+        env.scalar("SELECT current_database()"),
+        env.schema
+    );
+    let rt = runtime();
+    let (_conn, channel) = rt.block_on(rabbit());
+    let queue = rt.block_on(bound_queue(&channel, &exchange, "#"));
+    let _cleanup = ExchangeGuard(exchange.clone());
+
+    let o = relay_once(&env, &amqp_url());
+    assert_eq!(outbox_count(&env), 0);
+    assert_eq!(rt.block_on(queue_length(&channel, &queue)), 30);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!(
+            "publishing to \"{exchange}\", this deployment's own"
+        )),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// `--sink amqp://` named no broker: the URI's defaults made it localhost, as guest, without a
+/// word. It is a usage error now, before anything connects.
+#[test]
+fn an_amqp_url_without_a_host_is_a_usage_error() {
+    let env = Env::new();
+    for sink in ["amqp://", "amqp:///%2f", "amqps://guest:s3cret@/"] {
+        let o = env.run(&["relay", "--once", "--sink", sink]);
+        assert_one_line_error(&o, 2, "names no host");
+        assert!(!stderr(&o).contains("s3cret"), "{}", stderr(&o));
+    }
+}
+
+/// A wrong password: one line naming the sink once (it was named twice, the sink's own message
+/// repeating what the relay put in front of it).
+#[test]
+fn a_wrong_amqp_password_names_the_sink_once() {
+    let env = migrated();
+    insert_events(&env, 3, 1, 1);
+    let url = amqp_url().replacen("guest:guest@", "guest:not-the-password@", 1);
+    assert_ne!(
+        url,
+        amqp_url(),
+        "the test broker's URL logs in as guest:guest"
+    );
+    let sink = format!("{url}?exchange={}", unique("leasectl-relay-test-"));
+    let o = env.run(&["relay", "--once", "--sink", &sink]);
+    assert_one_line_error(&o, 69, "ACCESS_REFUSED");
+    let err = stderr(&o);
+    assert_eq!(err.matches("guest:***@").count(), 1, "{err}");
+    assert!(!err.contains("not-the-password"), "{err}");
+    assert_eq!(outbox_count(&env), 3, "nothing charged, nothing lost");
+    assert_eq!(
+        env.scalar("SELECT max(attempts) FROM outbox"),
+        "0",
+        "an unreachable sink charges no attempt"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // NATS JetStream
 

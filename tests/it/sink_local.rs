@@ -74,6 +74,13 @@ fn rejected(r: Result<(), DeliveryError>) -> String {
     }
 }
 
+fn no_answer(r: Result<(), DeliveryError>) -> String {
+    match r {
+        Err(DeliveryError::NoAnswer(m)) => m,
+        other => panic!("expected NoAnswer, got {other:?}"),
+    }
+}
+
 fn unavailable(r: Result<(), DeliveryError>) -> String {
     match r {
         Err(DeliveryError::Unavailable(m)) => m,
@@ -422,12 +429,12 @@ fn http_redirects_are_rejected_not_followed() {
 }
 
 #[test]
-fn http_silent_peer_is_rejected_at_the_timeout() {
+fn http_silent_peer_is_no_answer_at_the_timeout() {
     runtime().block_on(async {
         let peer = Peer::start(Answer::Silence).await;
         let sink = http_sink(&peer.url("/"), Duration::from_millis(500));
         let start = Instant::now();
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = no_answer(sink.deliver(&event("a", serde_json::json!({}))).await);
         assert_eq!(m, "no response within 500ms");
         assert!(
             start.elapsed() < Duration::from_secs(5),
@@ -445,7 +452,11 @@ fn http_nothing_listening_is_unavailable() {
         let url = format!("http://127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.starts_with(&format!("cannot connect to {url}: ")), "{m}");
+        // The relay names the sink in front of it, once.
+        assert!(
+            m.starts_with("cannot connect: ") && !m.contains(&url),
+            "{m}"
+        );
     });
 }
 
@@ -455,10 +466,7 @@ fn http_unknown_host_is_unavailable() {
         // .invalid never resolves (RFC 2606); without DNS at all this fails too.
         let sink = http_sink("http://leasectl-test.invalid/", Duration::from_secs(4));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(
-            m.contains("cannot connect to http://leasectl-test.invalid/"),
-            "{m}"
-        );
+        assert!(m.starts_with("cannot connect: "), "{m}");
     });
 }
 
@@ -489,7 +497,7 @@ fn https_to_a_peer_without_tls_is_unavailable() {
         let url = format!("https://{}/", peer.addr);
         let sink = http_sink(&url, Duration::from_secs(1));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.starts_with("cannot connect to https://"), "{m}");
+        assert!(m.starts_with("cannot connect: "), "{m}");
         assert!(peer.requests().is_empty());
     });
 }
@@ -511,8 +519,10 @@ fn http_credentials_in_the_url_become_basic_auth_and_stay_secret() {
         let url = format!("http://alice:s3cr%40t@127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
         let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
-        assert!(m.contains("http://alice:***@127.0.0.1:"), "{m}");
-        assert!(!m.contains("s3cr"), "{m}");
+        assert!(
+            m.starts_with("cannot connect: ") && !m.contains("s3cr"),
+            "{m}"
+        );
     });
 }
 
@@ -641,7 +651,7 @@ fn exec_timeout_stops_the_command_and_its_children() {
     let timeout = Duration::from_secs(2);
     let sink = exec_sink(&sleeper(dir.path(), ""), timeout);
     let start = Instant::now();
-    let m = rejected(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
     assert_eq!(m, "timed out after 2s");
     // SIGTERM was enough: no need to wait out the grace period.
     assert!(
@@ -663,7 +673,7 @@ fn exec_timeout_escalates_to_sigkill() {
     // An ignored SIGTERM is inherited by the background sleep too.
     let sink = exec_sink(&sleeper(dir.path(), "trap '' TERM;"), timeout);
     let start = Instant::now();
-    let m = rejected(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
     assert_eq!(m, "timed out after 2s");
     assert!(
         start.elapsed() >= timeout + KILL_GRACE,

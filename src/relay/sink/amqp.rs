@@ -1,7 +1,8 @@
 //! `--sink amqp://…` / `amqps://…`: RabbitMQ, with publisher confirms.
 //!
-//! Each event is published to the exchange named by `?exchange=NAME` (default `leasectl`; the
-//! parameter is ours and removed before lapin sees the URL) with routing key = event type,
+//! Each event is published to the exchange named by `?exchange=NAME` (the parameter is ours and
+//! removed before lapin sees the URL; without it, this deployment's own,
+//! `leasectl.DATABASE.SCHEMA`: [`default_exchange`]) with routing key = event type,
 //! `mandatory`, persistent (delivery mode 2), `message_id` = event id and `content_type`
 //! `application/json`; the body is the event JSON. An event is delivered once the broker
 //! confirmed it — and was able to route it.
@@ -69,7 +70,7 @@
 //! | broker nack | `Rejected` |
 //! | broker closed the channel refusing the message (PRECONDITION_FAILED, e.g. larger than its `max_message_size`) | `Rejected` |
 //! | message returned as unroutable (no queue bound for its routing key) | `Rejected`, although the broker acks it after returning it |
-//! | no confirm within `--timeout` | `Rejected` — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
+//! | no confirm within `--timeout` | `NoAnswer` (the event's refusal if the broker confirmed others meanwhile) — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
 
 use std::collections::HashSet;
@@ -91,8 +92,13 @@ use lapin::{
 
 use super::{DeliveryError, Event, Format, SinkOptions};
 
-/// The exchange used when the URL has no `?exchange=`.
-pub const DEFAULT_EXCHANGE: &str = "leasectl";
+/// The exchange a URL without `?exchange=` publishes to: this deployment's own (the database as
+/// its server names it, and the schema), never one that every deployment on the broker's vhost
+/// shares — a first relay started with a bare URL used to publish into any queue another team
+/// had bound to a shared default.
+pub fn default_exchange(database: &str, schema: &str) -> String {
+    format!("leasectl.{database}.{schema}")
+}
 
 /// How many idle channels a connection keeps for reuse (the relay's parallelism for brokers).
 const MAX_IDLE_CHANNELS: usize = 64;
@@ -121,7 +127,13 @@ const LAPIN_QUERY_PARAMS: [&str; 5] = [
 pub struct Spec {
     /// The broker URL without our `exchange` parameter.
     pub url: String,
+    /// `?exchange=NAME`; without it, [`default_exchange`] once the relay knows its database
+    /// ([`Spec::for_deployment`]).
     pub exchange: String,
+    /// Whether the URL named the exchange.
+    pub exchange_given: bool,
+    /// Whether the URL names a user (else the broker is logged in to as guest).
+    user_given: bool,
     pub properties: Properties,
     /// `url`, checked and parsed.
     uri: AMQPUri,
@@ -144,8 +156,16 @@ impl Spec {
     pub fn parse(url: &str) -> Result<Spec, String> {
         let (url, ours) = super::take_query_params(url, &["exchange", "properties"]);
         let ours = |key: &str| ours.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
-        let exchange = ours("exchange").unwrap_or(DEFAULT_EXCHANGE).to_owned();
+        let exchange_given = ours("exchange").is_some();
+        let exchange = ours("exchange").unwrap_or("leasectl").to_owned();
         let shown = super::redact(&url);
+        let (host, user_given) = authority(&url);
+        if host.is_empty() {
+            // The URI spec's defaults would make it localhost, as guest: say where to publish.
+            return Err(format!(
+                "AMQP URL {shown} names no host: give the broker's, e.g. amqp://user:password@rabbit.internal/%2f"
+            ));
+        }
         let properties = match ours("properties") {
             None | Some("compact") => Properties::Compact,
             Some("full") => Properties::Full,
@@ -189,15 +209,55 @@ impl Spec {
         Ok(Spec {
             url,
             exchange,
+            exchange_given,
+            user_given,
             properties,
             uri,
         })
+    }
+
+    /// Without `?exchange=`, publishes to this deployment's exchange ([`default_exchange`]);
+    /// returns what the operator should be told: the exchange chosen, and a login as guest.
+    pub fn for_deployment(&mut self, database: &str, schema: &str) -> Vec<String> {
+        let mut notices = Vec::new();
+        if !self.exchange_given {
+            self.exchange = default_exchange(database, schema);
+            self.exchange_given = true;
+            notices.push(format!(
+                "--sink names no exchange: publishing to \"{}\", this deployment's own (database \"{database}\", schema \"{schema}\"); bind your queues to it, or name one with ?exchange=NAME",
+                self.exchange
+            ));
+        }
+        if !self.user_given {
+            notices.push(format!(
+                "--sink names no user: logging in to {} as guest",
+                super::redact(&self.url)
+            ));
+        }
+        notices
     }
 
     /// How the sink is named in messages, without any password.
     pub fn describe(&self) -> String {
         format!("{} exchange {}", super::redact(&self.url), self.exchange)
     }
+}
+
+/// The host of `scheme://[userinfo@]host[:port]…` (without the brackets of an IPv6 literal;
+/// empty when there is none) and whether a user name comes before it.
+fn authority(url: &str) -> (String, bool) {
+    let rest = url.find("://").map_or("", |i| &url[i + 3..]);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let (user, host_port) = match authority.rfind('@') {
+        Some(at) => (&authority[..at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    let user = user.split(':').next().unwrap_or_default();
+    (host.to_owned(), !user.is_empty())
 }
 
 /// The host of `scheme://[userinfo@]host[:port]…` when it is an IP address (without the
@@ -314,10 +374,9 @@ impl Amqp {
         }
         rx.await.unwrap_or_else(|_| {
             // The leader was dropped mid-group (the relay is stopping): nothing is known.
-            Err(DeliveryError::Unavailable(format!(
-                "{}: the publication was abandoned",
-                self.spec.describe()
-            )))
+            Err(DeliveryError::Unavailable(
+                "the publication was abandoned".into(),
+            ))
         })
     }
 
@@ -369,10 +428,9 @@ impl Amqp {
             Some(Verdict::Final(verdict)) => verdict,
             // Alone, a refusal is the message's own (`AgainAlone` is only given to groups).
             Some(Verdict::AgainAlone(e)) => Err(e),
-            None => Err(DeliveryError::Unavailable(format!(
-                "{}: the publication was abandoned",
-                self.spec.describe()
-            ))),
+            None => Err(DeliveryError::Unavailable(
+                "the publication was abandoned".into(),
+            )),
         }
     }
 
@@ -485,17 +543,15 @@ impl Amqp {
                 }
                 Verdict::Final(match outcome.unwrap_or(Outcome::TimedOut) {
                     Outcome::Confirmed(c) if c.is_ack() => Ok(()),
-                    Outcome::Confirmed(c) if c.is_nack() => Err(DeliveryError::Rejected(format!(
-                        "{}: the broker refused the message (nack)",
-                        self.spec.describe()
-                    ))),
+                    Outcome::Confirmed(c) if c.is_nack() => Err(DeliveryError::Rejected(
+                        "the broker refused the message (nack)".into(),
+                    )),
                     // Every channel of ours is in confirm mode; this cannot happen.
-                    Outcome::Confirmed(_not_requested) => Err(DeliveryError::Rejected(format!(
-                        "{}: no publisher confirm was requested",
-                        self.spec.describe()
-                    ))),
+                    Outcome::Confirmed(_not_requested) => Err(DeliveryError::Rejected(
+                        "no publisher confirm was requested".into(),
+                    )),
                     Outcome::Failed(e) => {
-                        let message = format!("{}: {}", self.spec.describe(), lapin_message(&e));
+                        let message = lapin_message(&e);
                         if !refuses_the_message(&e) {
                             // The connection is gone, or the broker closed the channel for a
                             // reason of its own (the exchange was deleted, say): start afresh —
@@ -527,15 +583,13 @@ impl Amqp {
         } else if status.blocked() {
             "the broker is blocking publishers (resource alarm)"
         } else {
-            return DeliveryError::Rejected(format!(
-                "{}: no publisher confirm within {}",
-                self.spec.describe(),
+            return DeliveryError::NoAnswer(format!(
+                "no publisher confirm within {}",
                 humantime::format_duration(self.opts.timeout)
             ));
         };
         DeliveryError::Unavailable(format!(
-            "{}: no publisher confirm within {}: {why}",
-            self.spec.describe(),
+            "no publisher confirm within {}: {why}",
             humantime::format_duration(self.opts.timeout)
         ))
     }
@@ -564,8 +618,7 @@ impl Amqp {
             }
             Ok(Err(e)) => e,
             Err(_elapsed) => format!(
-                "cannot connect to {}: no answer within {}",
-                self.spec.describe(),
+                "cannot connect: no answer within {}",
                 humantime::format_duration(self.opts.timeout)
             ),
         };
@@ -583,20 +636,11 @@ impl Amqp {
             ConnectionProperties::default().with_connection_name("leasectl relay".into());
         let connection = Connection::connect_uri(self.spec.uri.clone(), properties)
             .await
-            .map_err(|e| {
-                format!(
-                    "cannot connect to {}: {}",
-                    self.spec.describe(),
-                    lapin_message(&e)
-                )
-            })?;
-        let channel = connection.create_channel().await.map_err(|e| {
-            format!(
-                "{}: cannot open a channel: {}",
-                self.spec.describe(),
-                lapin_message(&e)
-            )
-        })?;
+            .map_err(|e| format!("cannot connect: {}", lapin_message(&e)))?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| format!("cannot open a channel: {}", lapin_message(&e)))?;
         let declared = if self.spec.exchange.starts_with("amq.") {
             // Reserved to the broker: it exists (or not), and we may not declare it.
             let passive = ExchangeDeclareOptions {
@@ -627,8 +671,7 @@ impl Amqp {
         };
         declared.map_err(|e| {
             format!(
-                "{}: cannot declare exchange '{}' as a durable topic exchange: {}",
-                super::redact(&self.spec.url),
+                "cannot declare exchange '{}' as a durable topic exchange: {}",
                 self.spec.exchange,
                 lapin_message(&e)
             )
@@ -636,13 +679,7 @@ impl Amqp {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
-            .map_err(|e| {
-                format!(
-                    "{}: cannot enable publisher confirms: {}",
-                    self.spec.describe(),
-                    lapin_message(&e)
-                )
-            })?;
+            .map_err(|e| format!("cannot enable publisher confirms: {}", lapin_message(&e)))?;
         Ok(Link {
             connection,
             exchange,
@@ -758,7 +795,7 @@ mod tests {
     #[test]
     fn defaults_and_custom_exchange() {
         let s = Spec::parse("amqp://guest:guest@localhost:5672/%2f").unwrap();
-        assert_eq!(s.exchange, "leasectl");
+        assert!(!s.exchange_given);
         assert_eq!(s.uri.vhost, "/");
         let s = Spec::parse("amqp://h/vh?heartbeat=10&exchange=ev%2Ets").unwrap();
         assert_eq!(s.exchange, "ev.ts");
@@ -773,6 +810,35 @@ mod tests {
         assert_eq!(s.url, "amqp://h/");
         let s = Spec::parse("amqp://h/?properties=compact").unwrap();
         assert_eq!(s.properties, Properties::Compact);
+    }
+
+    #[test]
+    fn no_exchange_means_this_deployments_own_and_no_host_is_refused() {
+        let mut s = Spec::parse("amqp://rabbit/%2f").unwrap();
+        assert!(!s.exchange_given);
+        let notices = s.for_deployment("app", "leasectl");
+        assert_eq!(s.exchange, "leasectl.app.leasectl");
+        assert_eq!(notices.len(), 2, "{notices:?}");
+        assert!(
+            notices[0].contains("\"leasectl.app.leasectl\""),
+            "{notices:?}"
+        );
+        assert!(notices[1].contains("as guest"), "{notices:?}");
+        let mut s = Spec::parse("amqp://u:p@rabbit/%2f?exchange=orders").unwrap();
+        assert!(s.for_deployment("app", "leasectl").is_empty());
+        assert_eq!(s.exchange, "orders");
+        for bad in [
+            "amqp://",
+            "amqp:///%2f",
+            "amqps://u:s3cret@/vh",
+            "amqp://u@:5672/",
+        ] {
+            let e = Spec::parse(bad).unwrap_err();
+            assert!(
+                e.contains("names no host") && !e.contains("s3cret"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

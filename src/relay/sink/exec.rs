@@ -23,7 +23,9 @@
 //! How outcomes are classified (see [`super::DeliveryError`]):
 //!
 //! * exit 0: delivered;
-//! * exit N, killed by a signal, or the timeout: **Rejected** — the command refused this event;
+//! * exit N, or killed by a signal: **Rejected** — the command refused this event;
+//! * still running at `--timeout` (stopped then): **NoAnswer** — this event's refusal if other
+//!   commands of the batch finished meanwhile, else the sink counts as unavailable;
 //! * exit 126 or 127: **Unavailable**. The shell uses these for "found but not executable" and
 //!   "command not found": the sink is misconfigured, which is no fault of the event, so the
 //!   relay backs off without spending the event's attempts (and the operator sees the shell's
@@ -107,7 +109,7 @@ impl Exec {
                 group
                     .stop(Signal::SIGTERM, Instant::now() + KILL_GRACE)
                     .await;
-                Err(DeliveryError::Rejected(format!(
+                Err(DeliveryError::NoAnswer(format!(
                     "timed out after {}",
                     humantime::format_duration(self.opts.timeout)
                 )))

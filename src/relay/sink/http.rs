@@ -20,8 +20,10 @@
 //!
 //! How failures are classified (see [`super::DeliveryError`]):
 //!
-//! * **Rejected** (costs the event an attempt): any non-2xx status, including 3xx; no complete
-//!   answer within `--timeout` (the whole exchange: connect, send, response head and body); the
+//! * **NoAnswer**: no complete answer within `--timeout` (the whole exchange: connect, send,
+//!   response head and body): the event's refusal if the receiver answered other requests of
+//!   the batch meanwhile, else the receiver counts as unavailable.
+//! * **Rejected** (costs the event an attempt): any non-2xx status, including 3xx; the
 //!   request was sent and the connection was then reset or closed before a response. The last
 //!   one is the receiver's answer to *this* event as far as the relay can tell (a receiver that
 //!   crashes or drops the connection on one particular event): the event is charged and backs
@@ -109,8 +111,6 @@ pub struct Http {
     endpoint: Url,
     /// Basic-auth credentials from the URL, percent-decoded.
     credentials: Option<(String, Option<String>)>,
-    /// The URL for messages, password redacted.
-    shown: String,
     opts: SinkOptions,
 }
 
@@ -133,7 +133,6 @@ impl Http {
             client,
             endpoint,
             credentials,
-            shown,
             opts,
         })
     }
@@ -184,9 +183,9 @@ impl Http {
         let cause = root_cause(e);
         if e.is_connect() {
             // Includes DNS failures, refused connections, the connect timeout and TLS errors.
-            DeliveryError::Unavailable(format!("cannot connect to {}: {cause}", self.shown))
+            DeliveryError::Unavailable(format!("cannot connect: {cause}"))
         } else if e.is_timeout() {
-            DeliveryError::Rejected(format!(
+            DeliveryError::NoAnswer(format!(
                 "no response within {}",
                 humantime::format_duration(self.opts.timeout)
             ))

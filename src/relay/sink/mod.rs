@@ -10,8 +10,12 @@
 //!
 //! * [`DeliveryError::Rejected`]: the sink answered and refused *this event* (HTTP non-2xx, a
 //!   broker nack or an unroutable message, a command that exited non-zero, no confirmation
-//!   within `--timeout`, a webhook request sent and then answered by a reset). It costs the
+//!   a webhook request sent and then answered by a reset). It costs the
 //!   event an attempt; after `--max-attempts` it is dead.
+//! * [`DeliveryError::NoAnswer`]: no answer within `--timeout`. It is the event's refusal
+//!   (charged) when the sink answered another delivery of the batch while this one waited,
+//!   else the sink counts as unavailable (nothing charged): a broker black-holed for minutes
+//!   used to charge every event an attempt per `--timeout` and turn healthy events dead.
 //! * [`DeliveryError::Unavailable`]: the sink could not be reached at all (connection refused or
 //!   lost). No attempt is counted — a broker outage must not kill events. If nothing in the
 //!   batch got through, the relay backs off and tries again later; if other deliveries of the
@@ -45,12 +49,18 @@ pub enum DeliveryError {
     Rejected(String),
     /// The sink is unreachable: no attempt is counted; the relay backs off.
     Unavailable(String),
+    /// No answer within `--timeout` (no confirm, no ack, no response, a command that did not
+    /// finish). This event's refusal only if the sink answered other deliveries meanwhile: a
+    /// sink that answers nobody is down, not refusing ([`crate::relay::publish`]).
+    NoAnswer(String),
 }
 
 impl std::fmt::Display for DeliveryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DeliveryError::Rejected(m) | DeliveryError::Unavailable(m) => f.write_str(m),
+            DeliveryError::Rejected(m)
+            | DeliveryError::Unavailable(m)
+            | DeliveryError::NoAnswer(m) => f.write_str(m),
         }
     }
 }
@@ -88,6 +98,30 @@ impl SinkSpec {
                 "unknown sink '{}' (expected stdout, exec:COMMAND, amqp://…, nats://… or http(s)://…)",
                 redact(s)
             ))
+        }
+    }
+
+    /// Whether what the sink publishes to depends on the database the relay serves (an AMQP
+    /// URL without `?exchange=`: [`SinkSpec::for_deployment`]).
+    pub fn needs_deployment(&self) -> bool {
+        match self {
+            #[cfg(feature = "amqp")]
+            SinkSpec::Amqp(s) => !s.exchange_given,
+            _ => false,
+        }
+    }
+
+    /// Fills in what depends on the database the relay serves (`database`, as the server names
+    /// it, and `schema`): an AMQP URL without `?exchange=` publishes to this deployment's own
+    /// exchange ([`amqp::default_exchange`]), so that two deployments on one RabbitMQ vhost never
+    /// publish into each other's queues. Returns what the operator should be told (the exchange
+    /// chosen, a login as guest).
+    #[allow(unused_variables)]
+    pub fn for_deployment(&mut self, database: &str, schema: &str) -> Vec<String> {
+        match self {
+            #[cfg(feature = "amqp")]
+            SinkSpec::Amqp(s) => s.for_deployment(database, schema),
+            _ => Vec::new(),
         }
     }
 
@@ -206,6 +240,27 @@ impl Sink {
         match self {
             Sink::Stdout(s) => s.flush(),
             _ => Ok(()),
+        }
+    }
+
+    /// Drops what `deliver` accepted but did not publish yet (only stdout buffers, until
+    /// `flush`): the batch is not to be published after all.
+    pub fn discard(&self) {
+        if let Sink::Stdout(s) = self {
+            s.discard();
+        }
+    }
+
+    /// How long after its delivery started an event may still reach the sink's consumers: a
+    /// command or a webhook's handler may act on it until it is stopped or given up on
+    /// (`timeout`); a broker has it as soon as it is written, and stdout's buffer is written at
+    /// once, by `flush`.
+    pub fn in_flight(&self, timeout: Duration) -> Duration {
+        match self {
+            Sink::Exec(_) => timeout,
+            #[cfg(feature = "http")]
+            Sink::Http(_) => timeout,
+            _ => Duration::ZERO,
         }
     }
 

@@ -36,7 +36,8 @@
 //! |---|---|
 //! | server unreachable at connect, JetStream unavailable, stream lookup or creation failed | `Unavailable` |
 //! | no stream captures the subject ("no responders") | `Unavailable`; the stream is ensured again next time |
-//! | error ack, or no ack within `--timeout`, while connected | `Rejected` |
+//! | error ack while connected | `Rejected` |
+//! | no ack within `--timeout` while connected | `NoAnswer` (the event's refusal if the server acked others meanwhile) |
 //! | the same while the client is disconnected (reconnecting) | `Unavailable` |
 //! | event type that is not a valid subject suffix (empty token, whitespace, `*`, `>`) | `Rejected` |
 
@@ -250,19 +251,25 @@ impl Nats {
             Ok(Err(e)) if e.kind() == PublishErrorKind::StreamNotFound => {
                 self.state.lock().await.stream_ready = false;
                 return Err(DeliveryError::Unavailable(format!(
-                    "{}: no JetStream stream captures subject {subject} (no responders); \
-                     looking for one, or creating it, on the next delivery",
-                    self.spec.describe()
+                    "no JetStream stream captures subject {subject} (no responders); \
+                     looking for one, or creating it, on the next delivery"
                 )));
             }
-            Ok(Err(e)) => publish_message(&e),
-            Err(_elapsed) => format!(
-                "no ack within {}",
-                humantime::format_duration(self.opts.timeout)
+            Ok(Err(e)) if e.kind() != PublishErrorKind::TimedOut => (publish_message(&e), false),
+            Ok(Err(_)) | Err(_) => (
+                format!(
+                    "no ack within {}",
+                    humantime::format_duration(self.opts.timeout)
+                ),
+                true,
             ),
         };
-        let message = format!("{}: {subject}: {why}", self.spec.describe());
+        let (why, silent) = why;
+        let message = format!("{subject}: {why}");
         if client.connection_state() == ConnectionState::Connected {
+            if silent {
+                return Err(DeliveryError::NoAnswer(message));
+            }
             Err(DeliveryError::Rejected(message))
         } else {
             Err(DeliveryError::Unavailable(format!(
@@ -287,8 +294,7 @@ impl Nats {
             Ok(Ok(ready)) => return Ok(ready),
             Ok(Err(e)) => e,
             Err(_elapsed) => format!(
-                "{}: not ready within {}",
-                self.spec.describe(),
+                "not ready within {}",
                 humantime::format_duration(self.opts.timeout)
             ),
         };
@@ -311,7 +317,7 @@ impl Nats {
                 .request_timeout(Some(self.opts.timeout))
                 .connect(servers)
                 .await
-                .map_err(|e| format!("cannot connect to {}: {e}", self.spec.describe()))?;
+                .map_err(|e| format!("cannot connect: {e}"))?;
             let js = jetstream::ContextBuilder::new()
                 .timeout(self.opts.timeout)
                 .build(client.clone());
@@ -338,15 +344,13 @@ impl Nats {
                 };
                 js.create_stream(config).await.map(drop).map_err(|e| {
                     format!(
-                        "{}: no stream captures {wildcard} and creating stream {} failed: {e}",
-                        self.spec.describe(),
+                        "no stream captures {wildcard} and creating stream {} failed: {e}",
                         self.spec.stream
                     )
                 })
             }
             Err(e) => Err(format!(
-                "{}: cannot look up the JetStream stream for {wildcard} (is JetStream enabled?): {e}",
-                self.spec.describe()
+                "cannot look up the JetStream stream for {wildcard} (is JetStream enabled?): {e}"
             )),
         }
     }

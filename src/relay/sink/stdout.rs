@@ -28,6 +28,11 @@ impl Stdout {
         Ok(())
     }
 
+    /// Forgets the buffered events: the batch is not to be written after all.
+    pub fn discard(&self) {
+        self.buffer.borrow_mut().clear();
+    }
+
     pub fn flush(&self) -> Result<(), DeliveryError> {
         let mut buf = self.buffer.borrow_mut();
         let mut out = std::io::stdout().lock();

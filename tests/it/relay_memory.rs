@@ -1,0 +1,60 @@
+//! What the relay holds in memory: README's bound, about 6 × the payload bytes in flight (the
+//! larger of `--batch-bytes` and the largest event) beyond what an idle relay holds. Measured as
+//! the relay process's own high-water mark (VmHWM in /proc/PID/status), which only grows: read
+//! once it is idle on an empty outbox, and again once it drained events much larger than
+//! `--batch-bytes` (each goes alone).
+
+use std::process::Stdio;
+
+use crate::common::*;
+use crate::events::*;
+
+/// The documented factor: bytes held per payload byte in flight.
+const FACTOR: u64 = 6;
+
+/// VmHWM of `pid`, in KiB.
+fn high_water_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM in /proc/PID/status");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_relay_draining_events_larger_than_batch_bytes_stays_within_the_documented_bound() {
+    let env = migrated();
+    let relay = Watched::new(
+        env.command()
+            .args(["-v", "relay", "--batch-bytes", "4MiB", "--sink", "stdout"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    relay.wait_for_stderr("relaying schema");
+    // Idle on the empty outbox: what it holds without events.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let idle = high_water_kib(relay.child.id());
+    // 20 events of 5 MiB each (hex text: what the relay receives is that large).
+    let mib = 5;
+    env.sql(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', 'a' || g, 'order.paid',
+                jsonb_build_object('n', g, 'pad', (SELECT string_agg(md5(i::text || g::text), '')
+                                                     FROM generate_series(1, {mib} * 1024 * 1024 / 32) i))
+           FROM generate_series(1, 20) g"
+    ));
+    wait_for("the outbox to drain", || outbox_count(&env) == 0);
+    let peak = high_water_kib(relay.child.id());
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let in_flight_kib = mib * 1024;
+    assert!(
+        peak.saturating_sub(idle) <= FACTOR * in_flight_kib,
+        "peak {peak} KiB, idle {idle} KiB: {} KiB for {in_flight_kib} KiB in flight, over {FACTOR} ×",
+        peak - idle
+    );
+}
