@@ -336,6 +336,13 @@ pub struct Outcome {
     pub started: f64,
 }
 
+/// The marker (`procs::MARKER`) of a relay of this round, and the prefix of all of them: it
+/// names this test process too, so that the cleanup never touches the relays of another run of
+/// the suite on the same machine.
+fn marker(round: usize, rest: &str) -> String {
+    format!("rr{}.{round}-{rest}", std::process::id())
+}
+
 struct Backend {
     pid: i32,
     xid: bool,
@@ -371,7 +378,8 @@ pub fn run(ctx: &mut RCtx, plan: Plan) -> Result<Outcome, String> {
             left_over[0][0].as_deref().unwrap_or("?")
         ));
     }
-    let tag = format!("{}-{}", ctx.cfg.seed, plan.round);
+    // Unique on the machine: two runs of the suite may share a seed, never a process.
+    let tag = format!("{}-{}-{}", ctx.cfg.seed, plan.round, std::process::id());
     let labels: Vec<String> = (0..plan.slots.len())
         .map(|i| format!("s{i}"))
         .chain(["fin".to_owned()])
@@ -425,7 +433,7 @@ pub fn run(ctx: &mut RCtx, plan: Plan) -> Result<Outcome, String> {
         p.exit = Some((now(), ExitStatus::from_raw(libc::SIGKILL)));
         p.hung = true;
     }
-    let prefix = format!("rr{}-", r.plan.round);
+    let prefix = marker(r.plan.round, "");
     for (pid, _, _) in procs::marked(&prefix) {
         procs::signal(pid, libc::SIGCONT);
         procs::signal(pid, libc::SIGKILL);
@@ -654,7 +662,7 @@ impl Round<'_> {
         )
         .env(
             procs::MARKER,
-            format!("rr{}-{label}-{inc}", self.plan.round),
+            marker(self.plan.round, &format!("{label}-{inc}")),
         )
         .current_dir(&self.dir)
         .stdin(Stdio::null())
