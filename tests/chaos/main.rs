@@ -35,6 +35,11 @@ mod faults;
 mod invariants;
 mod procs;
 mod proxy;
+mod relay;
+mod relay_faults;
+mod relay_invariants;
+mod relay_round;
+mod relay_sinks;
 mod round;
 mod scenario;
 

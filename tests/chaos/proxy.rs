@@ -4,7 +4,9 @@
 //! * `black_hole` keeps every connection (and accepts new ones) but stops forwarding: nothing is
 //!   lost, nothing arrives — like a network path that drops packets until it heals, after which
 //!   TCP delivers what was queued;
-//! * `cut` closes every connection now (a server restart or a reset as the client sees it).
+//! * `cut` closes every connection now (a server restart or a reset as the client sees it);
+//! * `reset` aborts every connection with a TCP reset (`SO_LINGER` 0), as a crashed peer or a
+//!   middlebox would.
 //!
 //! Plain std threads: two forwarders per connection, polling the mode every few milliseconds.
 
@@ -19,6 +21,8 @@ use std::time::Duration;
 struct State {
     black_hole: AtomicBool,
     stop: AtomicBool,
+    /// While set, a forwarder that ends closes its sockets without a FIN (see `reset`).
+    resetting: AtomicBool,
     next_id: AtomicU64,
     /// Both sockets of every open connection, so `cut` can shut them down.
     conns: Mutex<HashMap<u64, (TcpStream, TcpStream)>>,
@@ -39,6 +43,7 @@ impl Proxy {
         let state = Arc::new(State {
             black_hole: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            resetting: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
         });
@@ -71,6 +76,44 @@ impl Proxy {
             let _ = a.shutdown(Shutdown::Both);
             let _ = b.shutdown(Shutdown::Both);
         }
+    }
+}
+
+impl Proxy {
+    /// Aborts every open connection with a TCP reset: `SO_LINGER` 0 on both sockets, then the
+    /// forwarders end without shutting them down, so the last close sends RST instead of FIN.
+    pub fn reset(&self) {
+        self.state.resetting.store(true, Ordering::SeqCst);
+        let conns = std::mem::take(&mut *self.state.conns.lock().unwrap());
+        for (a, b) in conns.values() {
+            for s in [a, b] {
+                linger_zero(s);
+                // Ends the forwarders' reads (nothing is sent to the peer).
+                let _ = s.shutdown(Shutdown::Read);
+            }
+        }
+        // Our copies of the sockets close here; the forwarders' close within a tick or two.
+        drop(conns);
+        std::thread::sleep(TICK * 5);
+        self.state.resetting.store(false, Ordering::SeqCst);
+    }
+}
+
+fn linger_zero(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own, with a correctly sized struct.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
     }
 }
 
@@ -141,6 +184,47 @@ fn forward(st: &State, mut from: TcpStream, mut to: TcpStream) {
             Err(_) => break,
         }
     }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
+    if !st.resetting.load(Ordering::SeqCst) {
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client of a reset connection reads ECONNRESET, not an orderly end of file.
+    #[test]
+    fn reset_aborts_the_connection_with_a_tcp_reset() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = upstream.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in upstream.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let proxy = Proxy::start(addr);
+        let mut c = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut buf = [0u8; 4];
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"ping");
+        proxy.reset();
+        let got = c.read(&mut buf);
+        assert_eq!(
+            got.map_err(|e| e.kind()),
+            Err(ErrorKind::ConnectionReset),
+            "expected a reset"
+        );
+    }
 }
