@@ -28,6 +28,15 @@
 //! its own (keeping the transaction from going idle that long), so a sink that takes long does
 //! not lose the batch.
 //!
+//! **The last check is made where the event leaves** ([`Gate`]): an event that passed the check
+//! may still wait before its bytes go out — for a connection of the webhook's pool, behind other
+//! tasks of the relay's thread, or because the relay was paused right after the check — and
+//! would then reach the sink after the transaction may have ended. So every sink is handed the
+//! batch's gate, the same deadline as the check's, and looks at it at the last moment before
+//! the event is irrevocably out: a webhook's request body when the connection's task writes it,
+//! the exec sink's spawn, a broker publication. An event the gate turns away goes back with the
+//! batch, uncharged.
+//!
 //! What remains: a session ended by someone else (an operator's `pg_terminate_backend`, a
 //! network fault that ends it on the server's side first) while an event is on its way — after
 //! the relay's check, before the sink has it — or while the relay was paused for less than its
@@ -36,6 +45,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -136,6 +147,69 @@ pub fn window(idle: Duration, in_flight: Duration) -> Duration {
     }
 }
 
+/// Until when an event of a batch may start out: the deadline [`Open::may_publish`] checks,
+/// shared (across threads, as a webhook connection's task may run elsewhere) with the code that
+/// writes the event, so that the last look at it is taken just before the bytes leave. It
+/// moves on with every confirmation of the transaction and closes for good once the transaction
+/// may have ended.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<AtomicU64>);
+
+/// A [`Gate`]'s value for "closed": no event may start out any more.
+const CLOSED: u64 = 0;
+/// A [`Gate`]'s value for "always open": an event not bound to a transaction.
+const ALWAYS: u64 = u64::MAX;
+
+impl Gate {
+    /// A gate that never closes: for an event published outside a batch's transaction (tests,
+    /// tools).
+    pub fn always() -> Gate {
+        Gate(Arc::new(AtomicU64::new(ALWAYS)))
+    }
+
+    /// A gate that lets events start out until `until`.
+    pub fn until(until: Instant) -> Gate {
+        Gate(Arc::new(AtomicU64::new(since_start(until))))
+    }
+
+    /// A gate that lets nothing out.
+    pub fn closed() -> Gate {
+        Gate(Arc::new(AtomicU64::new(CLOSED)))
+    }
+
+    fn set(&self, until: Instant) {
+        // Never reopens a closed gate: once the transaction may have ended, it stays so.
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
+                (old != CLOSED).then(|| since_start(until).max(old))
+            });
+    }
+
+    fn close(&self) {
+        self.0.store(CLOSED, Ordering::SeqCst);
+    }
+
+    /// Whether an event may start out now.
+    pub fn allows_now(&self) -> bool {
+        match self.0.load(Ordering::SeqCst) {
+            CLOSED => false,
+            ALWAYS => true,
+            until => since_start(Instant::now()) <= until,
+        }
+    }
+}
+
+/// `t` in nanoseconds since the process first asked (at least 1, so never [`CLOSED`]).
+fn since_start(t: Instant) -> u64 {
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    let start = *START.get_or_init(std::time::Instant::now);
+    let nanos = t.into_std().saturating_duration_since(start).as_nanos();
+    u64::try_from(nanos)
+        .unwrap_or(ALWAYS - 1)
+        .clamp(1, ALWAYS - 1)
+}
+
 /// One batch's transaction, as far as the relay knows it: see the module documentation.
 pub struct Open<'a> {
     client: &'a Client,
@@ -146,6 +220,8 @@ pub struct Open<'a> {
     confirmed: Cell<Instant>,
     /// Why the transaction may be gone, once the relay knows or fears so.
     lost: RefCell<Option<String>>,
+    /// `confirmed` + `window`, for the sinks; closed once `lost` is set.
+    gate: Gate,
     /// Wakes [`Open::keep_alive`] when `lost` is set by a check.
     lost_now: tokio::sync::Notify,
     /// One confirmation at a time; those who waited for it share its answer.
@@ -162,10 +238,12 @@ impl<'a> Open<'a> {
         in_flight: Duration,
         deadline: Duration,
     ) -> Open<'a> {
+        let window = window(idle, in_flight);
         Open {
             client,
             deadline,
-            window: window(idle, in_flight),
+            window,
+            gate: Gate::until(sent + window),
             confirmed: Cell::new(sent),
             lost: RefCell::new(None),
             lost_now: tokio::sync::Notify::new(),
@@ -178,6 +256,11 @@ impl<'a> Open<'a> {
         self.confirmed.get()
     }
 
+    /// The gate every event of the batch passes where it leaves for the sink.
+    pub fn gate(&self) -> &Gate {
+        &self.gate
+    }
+
     /// Why the transaction may have ended, if the relay knows or fears it did.
     pub fn lost(&self) -> Option<String> {
         self.lost.borrow().clone()
@@ -186,6 +269,7 @@ impl<'a> Open<'a> {
     fn lose(&self, why: String) {
         let mut lost = self.lost.borrow_mut();
         if lost.is_none() {
+            self.gate.close();
             *lost = Some(why);
             self.lost_now.notify_waiters();
         }
@@ -229,7 +313,10 @@ impl<'a> Open<'a> {
         }
         let sent = Instant::now();
         match tokio::time::timeout(self.deadline, self.client.batch_execute("SELECT 1")).await {
-            Ok(Ok(())) => self.confirmed.set(sent),
+            Ok(Ok(())) => {
+                self.confirmed.set(sent);
+                self.gate.set(sent + self.window);
+            }
             Ok(Err(e)) => self.lose(format!("its session ended ({})", db::reason(&e))),
             Err(_) => self.lose(
                 silent(
@@ -268,6 +355,35 @@ impl<'a> Open<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gate_lets_events_out_until_its_deadline_and_never_reopens_once_closed() {
+        let now = Instant::now();
+        assert!(Gate::always().allows_now());
+        assert!(!Gate::closed().allows_now());
+        let gate = Gate::until(now + Duration::from_secs(60));
+        assert!(gate.allows_now());
+        // A confirmation moves it on, never back.
+        gate.set(now);
+        assert!(gate.allows_now(), "a later deadline stays");
+        let past = Gate::until(now);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!past.allows_now(), "its deadline has passed");
+        past.set(Instant::now() + Duration::from_secs(60));
+        assert!(
+            past.allows_now(),
+            "a confirmation reopens a gate whose deadline passed"
+        );
+        // Once the transaction may have ended, nothing reopens it.
+        gate.close();
+        assert!(!gate.allows_now());
+        gate.set(Instant::now() + Duration::from_secs(60));
+        assert!(!gate.allows_now(), "a closed gate stays closed");
+        // Shared: what the sink holds is the same gate.
+        let held = past.clone();
+        past.close();
+        assert!(!held.allows_now());
+    }
 
     #[test]
     fn the_window_leaves_room_for_an_event_under_way_and_a_margin() {

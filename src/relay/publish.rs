@@ -121,7 +121,7 @@ impl Publisher<'_> {
                 break;
             }
             let started = Instant::now();
-            let s = match self.deliver_one(c, down, answered).await {
+            let s = match self.deliver_one(c, open, down, answered).await {
                 Ok(s) => s,
                 Err(msg) => {
                     silent.borrow_mut().push(Silence { i, started, msg });
@@ -142,16 +142,24 @@ impl Publisher<'_> {
     async fn deliver_one(
         &self,
         c: &Claimed,
+        open: &Open<'_>,
         down: &RefCell<Option<String>>,
         answered: &Cell<Option<Instant>>,
     ) -> Result<Settle, String> {
         if c.blocked {
             return Ok(Settle::Untouched);
         }
-        Ok(match self.sink.deliver(&c.event).await {
+        Ok(match self.sink.deliver(&c.event, open.gate()).await {
             Ok(()) => {
                 answered.set(Some(Instant::now()));
                 Settle::Delivered
+            }
+            Err(DeliveryError::Late(msg)) => {
+                info!(
+                    "event {} ({} {}): {msg}; left for a later batch, no attempt charged",
+                    c.event.id, c.event.aggregate_type, c.event.aggregate_id
+                );
+                Settle::Untouched
             }
             Err(DeliveryError::NoAnswer(msg)) => return Err(msg),
             Err(DeliveryError::Unavailable(msg)) => {

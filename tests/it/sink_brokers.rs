@@ -20,9 +20,12 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 use leasectl::relay::sink::amqp::{self, Amqp};
 use leasectl::relay::sink::nats::{self, Nats};
-use leasectl::relay::sink::{DeliveryError, Event, Format, Sink, SinkOptions, SinkSpec};
+use leasectl::relay::sink::{DeliveryError, Event, Format, Gate, Sink, SinkOptions, SinkSpec};
 
 use crate::common::PATIENCE;
+
+/// The gate of deliveries made outside a relay's batch: always open.
+static ALWAYS: std::sync::LazyLock<Gate> = std::sync::LazyLock::new(Gate::always);
 
 pub(crate) fn amqp_url() -> String {
     std::env::var("LEASECTL_TEST_AMQP_URL")
@@ -299,7 +302,7 @@ fn amqp_delivers_two_histories(query: &str) -> Vec<(BasicProperties, Event)> {
         let spec = amqp::Spec::parse(&format!("{}?exchange={exchange}{query}", amqp_url()));
         let sink = Amqp::new(spec.unwrap(), opts());
         let histories = vec![history("a", 15, "order"), history("b", 15, "order")];
-        deliver_histories(&histories, |e| sink.deliver(e)).await;
+        deliver_histories(&histories, |e| sink.deliver(e, &ALWAYS)).await;
 
         let mut seen = Vec::new();
         while seen.len() < 30 {
@@ -382,7 +385,7 @@ fn amqp_unroutable_events_are_rejected_even_among_routable_ones() {
         // Nothing bound yet: the sink declares the exchange itself, and the event is returned.
         let sink = amqp_sink(&exchange);
         let lonely = event("a", 0, "nobody.listens");
-        match sink.deliver(&lonely).await {
+        match sink.deliver(&lonely, &ALWAYS).await {
             Err(DeliveryError::Rejected(m)) => {
                 assert!(m.contains("unroutable"), "{m}");
                 assert!(m.contains(&exchange) && m.contains("nobody.listens"), "{m}");
@@ -399,7 +402,7 @@ fn amqp_unroutable_events_are_rejected_even_among_routable_ones() {
                 event(&format!("agg{n}"), n, t)
             })
             .collect();
-        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        let results = join_all(events.iter().map(|e| sink.deliver(e, &ALWAYS))).await;
         for (e, r) in events.iter().zip(&results) {
             if e.event_type.starts_with("routed") {
                 assert_eq!(r, &Ok(()), "event {}", e.seq);
@@ -439,7 +442,7 @@ fn amqp_a_thousand_in_flight_each_judged_by_its_own_return() {
                 event(&format!("agg{n}"), n, t)
             })
             .collect();
-        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        let results = join_all(events.iter().map(|e| sink.deliver(e, &ALWAYS))).await;
         let mut routed = std::collections::HashSet::new();
         for (e, r) in events.iter().zip(&results) {
             if e.event_type.starts_with("routed") {
@@ -478,7 +481,9 @@ fn amqp_a_thousand_in_flight_each_judged_by_its_own_return() {
             seen.insert(id);
         }
         // The sink is still good for the next group.
-        sink.deliver(&event("after", 0, "routed.x")).await.unwrap();
+        sink.deliver(&event("after", 0, "routed.x"), &ALWAYS)
+            .await
+            .unwrap();
         delete_exchange(&channel, &exchange).await;
     });
 }
@@ -518,8 +523,10 @@ fn amqp_a_nack_is_rejected() {
             )
             .await
             .unwrap();
-        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
-        match sink.deliver(&event("a", 1, "order.paid")).await {
+        sink.deliver(&event("a", 0, "order.created"), &ALWAYS)
+            .await
+            .unwrap();
+        match sink.deliver(&event("a", 1, "order.paid"), &ALWAYS).await {
             Err(DeliveryError::Rejected(m)) => assert!(m.contains("nack"), "{m}"),
             other => panic!("expected Rejected, got {other:?}"),
         }
@@ -558,7 +565,7 @@ fn amqp_unreachable_broker_is_unavailable_quickly_without_the_password() {
         );
         let start = Instant::now();
         let events = history("a", 10, "order");
-        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        let results = join_all(events.iter().map(|e| sink.deliver(e, &ALWAYS))).await;
         assert_quickly_unavailable(results, start.elapsed());
     });
 }
@@ -582,7 +589,7 @@ fn amqp_exchange_of_another_type_is_reported_by_name() {
             .unwrap();
         let sink = amqp_sink(&exchange);
         for _ in 0..2 {
-            match sink.deliver(&event("a", 0, "order.created")).await {
+            match sink.deliver(&event("a", 0, "order.created"), &ALWAYS).await {
                 Err(DeliveryError::Unavailable(m)) => {
                     assert!(m.contains(&format!("exchange '{exchange}'")), "{m}");
                     assert!(m.contains("fanout"), "the broker's reason: {m}");
@@ -604,7 +611,7 @@ fn amqp_recovers_when_its_exchange_is_deleted_under_it() {
         let spec = SinkSpec::parse(&format!("{}?exchange={exchange}", amqp_url())).unwrap();
         let sink = Sink::open(&spec, opts()).unwrap();
         let first = event("a", 0, "order.created");
-        sink.deliver(&first).await.unwrap();
+        sink.deliver(&first, &ALWAYS).await.unwrap();
         let d = tokio::time::timeout(PATIENCE, consumer.next())
             .await
             .expect("the first event never arrived")
@@ -618,18 +625,18 @@ fn amqp_recovers_when_its_exchange_is_deleted_under_it() {
         delete_exchange(&channel, &exchange).await;
         // Publishing to a missing exchange closes the channel: unavailable, not a rejection.
         let second = event("a", 1, "order.paid");
-        match sink.deliver(&second).await {
+        match sink.deliver(&second, &ALWAYS).await {
             Err(DeliveryError::Unavailable(m)) => assert!(m.contains("NOT_FOUND"), "{m}"),
             other => panic!("expected Unavailable, got {other:?}"),
         }
         // The next delivery reconnects and declares the exchange again — which has lost its
         // binding, so the event is returned rather than refused for a missing exchange.
-        match sink.deliver(&second).await {
+        match sink.deliver(&second, &ALWAYS).await {
             Err(DeliveryError::Rejected(m)) => assert!(m.contains("unroutable"), "{m}"),
             other => panic!("expected the exchange redeclared, got {other:?}"),
         }
         let mut consumer = bound_consumer(&channel, &exchange, "#").await;
-        sink.deliver(&second).await.unwrap();
+        sink.deliver(&second, &ALWAYS).await.unwrap();
         let d = tokio::time::timeout(PATIENCE, consumer.next())
             .await
             .expect("the event after the reconnection never arrived")
@@ -657,18 +664,18 @@ fn amqp_lost_connection_is_unavailable_then_reconnects() {
         .unwrap();
         let sink = Amqp::new(spec, opts());
         let events = history("a", 3, "order");
-        sink.deliver(&events[0]).await.unwrap();
+        sink.deliver(&events[0], &ALWAYS).await.unwrap();
 
         proxy.cut().await;
         for e in &events[1..] {
-            match sink.deliver(e).await {
+            match sink.deliver(e, &ALWAYS).await {
                 Err(DeliveryError::Unavailable(_)) => {}
                 other => panic!("during the outage: {other:?}"),
             }
         }
         proxy.restore().await;
         for e in &events[1..] {
-            deliver_once_back(e, || sink.deliver(e)).await;
+            deliver_once_back(e, || sink.deliver(e, &ALWAYS)).await;
         }
         for e in &events {
             let d = tokio::time::timeout(PATIENCE, consumer.next())
@@ -736,7 +743,7 @@ fn nats_creates_the_stream_and_stores_every_event_once_in_order() {
         assert!(js.get_stream(&stream).await.is_err(), "fresh name");
         let sink = nats_sink(&subject, &stream);
         let histories = vec![history("a", 15, "order"), history("b", 15, "order")];
-        deliver_histories(&histories, |e| sink.deliver(e)).await;
+        deliver_histories(&histories, |e| sink.deliver(e, &ALWAYS)).await;
 
         let mut s = js
             .get_stream(&stream)
@@ -771,6 +778,67 @@ fn nats_creates_the_stream_and_stores_every_event_once_in_order() {
 }
 
 #[test]
+fn nats_an_event_whose_gate_has_closed_is_not_published() {
+    run(async {
+        let subject = unique("leasectl_test_");
+        let stream = unique("LEASECTL_TEST_");
+        let js = jetstream().await;
+        let sink = nats_sink(&subject, &stream);
+        let late = event("a", 0, "order.created");
+        match sink.deliver(&late, &Gate::closed()).await {
+            Err(DeliveryError::Late(_)) => {}
+            other => panic!("expected Late, got {other:?}"),
+        }
+        let next = event("a", 1, "order.paid");
+        sink.deliver(&next, &ALWAYS).await.unwrap();
+        let ids: Vec<_> = stream_messages(&js, &stream)
+            .await
+            .iter()
+            .map(msg_id)
+            .collect();
+        assert_eq!(
+            ids,
+            vec![next.id.to_string()],
+            "only the event whose gate was open"
+        );
+        js.delete_stream(&stream).await.unwrap();
+    });
+}
+
+#[test]
+fn amqp_an_event_whose_gate_has_closed_is_not_published() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "#").await;
+        let sink = amqp_sink(&exchange);
+        let late = event("a", 0, "order.created");
+        let next = event("b", 0, "order.created");
+        // Both in one group: the gate is looked at per message when the group is published.
+        let (l, n) = futures_util::future::join(
+            sink.deliver(&late, &Gate::closed()),
+            sink.deliver(&next, &ALWAYS),
+        )
+        .await;
+        assert!(matches!(l, Err(DeliveryError::Late(_))), "{l:?}");
+        n.unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a message")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d.properties.message_id().as_ref().map(|s| s.as_str()),
+            Some(next.id.to_string().as_str())
+        );
+        // Nothing else arrives.
+        let more = tokio::time::timeout(Duration::from_millis(500), consumer.next()).await;
+        assert!(more.is_err(), "the late event was published: {more:?}");
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+#[test]
 fn nats_the_same_event_twice_is_stored_once() {
     run(async {
         let subject = unique("leasectl_test_");
@@ -778,12 +846,12 @@ fn nats_the_same_event_twice_is_stored_once() {
         let js = jetstream().await;
         let sink = nats_sink(&subject, &stream);
         let e = event("a", 0, "order.created");
-        sink.deliver(&e).await.unwrap();
-        sink.deliver(&e)
+        sink.deliver(&e, &ALWAYS).await.unwrap();
+        sink.deliver(&e, &ALWAYS)
             .await
             .expect("a duplicate counts as delivered");
         let other = event("a", 1, "order.paid");
-        sink.deliver(&other).await.unwrap();
+        sink.deliver(&other, &ALWAYS).await.unwrap();
         let ids: Vec<_> = stream_messages(&js, &stream)
             .await
             .iter()
@@ -807,7 +875,7 @@ fn nats_unreachable_server_is_unavailable_without_secrets() {
         );
         let start = Instant::now();
         let events = history("a", 10, "order");
-        let results = join_all(events.iter().map(|e| sink.deliver(e))).await;
+        let results = join_all(events.iter().map(|e| sink.deliver(e, &ALWAYS))).await;
         assert_quickly_unavailable(results, start.elapsed());
     });
 }
@@ -829,7 +897,7 @@ fn nats_uses_an_existing_stream_that_captures_the_prefix() {
         .unwrap();
         let sink = nats_sink(&subject, &ours);
         let e = event("a", 0, "order.created");
-        sink.deliver(&e).await.unwrap();
+        sink.deliver(&e, &ALWAYS).await.unwrap();
         assert!(js.get_stream(&ours).await.is_err(), "no second stream");
         let ids: Vec<_> = stream_messages(&js, &theirs)
             .await
@@ -848,15 +916,19 @@ fn nats_a_deleted_stream_is_unavailable_then_recreated() {
         let stream = unique("LEASECTL_TEST_");
         let js = jetstream().await;
         let sink = nats_sink(&subject, &stream);
-        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
+        sink.deliver(&event("a", 0, "order.created"), &ALWAYS)
+            .await
+            .unwrap();
         js.delete_stream(&stream).await.unwrap();
 
         let e = event("a", 1, "order.paid");
-        match sink.deliver(&e).await {
+        match sink.deliver(&e, &ALWAYS).await {
             Err(DeliveryError::Unavailable(m)) => assert!(m.contains("no responders"), "{m}"),
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        sink.deliver(&e).await.expect("the stream is created again");
+        sink.deliver(&e, &ALWAYS)
+            .await
+            .expect("the stream is created again");
         let ids: Vec<_> = stream_messages(&js, &stream)
             .await
             .iter()
@@ -887,15 +959,15 @@ fn nats_lost_connection_is_unavailable_then_recovers() {
             },
         );
         let events = history("a", 2, "order");
-        sink.deliver(&events[0]).await.unwrap();
+        sink.deliver(&events[0], &ALWAYS).await.unwrap();
 
         proxy.cut().await;
-        match sink.deliver(&events[1]).await {
+        match sink.deliver(&events[1], &ALWAYS).await {
             Err(DeliveryError::Unavailable(m)) => assert!(m.contains("disconnected"), "{m}"),
             other => panic!("during the outage: {other:?}"),
         }
         proxy.restore().await;
-        deliver_once_back(&events[1], || sink.deliver(&events[1])).await;
+        deliver_once_back(&events[1], || sink.deliver(&events[1], &ALWAYS)).await;
         // The publication buffered during the outage may have reached the stream too: the
         // stream's deduplication keeps one copy.
         let ids: Vec<_> = stream_messages(&js, &stream)
@@ -929,8 +1001,10 @@ fn nats_an_error_ack_is_rejected() {
         .await
         .unwrap();
         let sink = nats_sink(&subject, "UNUSED");
-        sink.deliver(&event("a", 0, "order.created")).await.unwrap();
-        match sink.deliver(&event("a", 1, "order.paid")).await {
+        sink.deliver(&event("a", 0, "order.created"), &ALWAYS)
+            .await
+            .unwrap();
+        match sink.deliver(&event("a", 1, "order.paid"), &ALWAYS).await {
             Err(DeliveryError::Rejected(m)) => assert!(m.contains("maximum messages"), "{m}"),
             other => panic!("expected Rejected, got {other:?}"),
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use leasectl::relay::sink::exec::{self, Exec, KILL_GRACE};
 use leasectl::relay::sink::http::{self, Http};
-use leasectl::relay::sink::{DeliveryError, Event, Format, SinkOptions};
+use leasectl::relay::sink::{DeliveryError, Event, Format, Gate, SinkOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -339,7 +339,7 @@ fn http_posts_the_event_with_its_headers_over_one_connection() {
         let peer = Peer::start(status(204, "No Content", "")).await;
         let sink = http_sink(&peer.url("/hooks/leasectl?src=ci"), Duration::from_secs(10));
         let first = event("déploy 1", serde_json::json!({"exit_code": 0}));
-        sink.deliver(&first).await.unwrap();
+        sink.deliver(&first, &Gate::always()).await.unwrap();
 
         let seen = peer.requests();
         assert_eq!(seen.len(), 1);
@@ -369,7 +369,7 @@ fn http_posts_the_event_with_its_headers_over_one_connection() {
         // Any 2xx is a delivery; the second request reuses the kept-alive connection.
         peer.set(status(202, "Accepted", "queued"));
         let second = event("b", serde_json::json!({}));
-        sink.deliver(&second).await.unwrap();
+        sink.deliver(&second, &Gate::always()).await.unwrap();
         let seen = peer.requests();
         assert_eq!(seen.len(), 2);
         assert_eq!(
@@ -385,7 +385,10 @@ fn http_error_status_is_rejected_with_the_status_and_the_body() {
     runtime().block_on(async {
         let peer = Peer::start(status(500, "Internal Server Error", "")).await;
         let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = rejected(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert_eq!(m, "HTTP 500 Internal Server Error");
 
         peer.set(status(
@@ -393,7 +396,10 @@ fn http_error_status_is_rejected_with_the_status_and_the_body() {
             "Service Unavailable",
             &format!("down for\r\n  maintenance {}", "x".repeat(1000)),
         ));
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = rejected(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert!(
             m.starts_with("HTTP 503 Service Unavailable: down for maintenance xxx"),
             "{m}"
@@ -401,7 +407,10 @@ fn http_error_status_is_rejected_with_the_status_and_the_body() {
         assert!(m.chars().count() < 300 && !m.contains('\n'), "{m}");
 
         peer.set(status(409, "Conflict", "duplicate"));
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = rejected(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert_eq!(m, "HTTP 409 Conflict: duplicate");
         assert_eq!(peer.requests().len(), 3);
     });
@@ -419,7 +428,10 @@ fn http_redirects_are_rejected_not_followed() {
                 body: String::new(),
             });
             let sink = http_sink(&peer.url("/hook"), Duration::from_secs(10));
-            let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+            let m = rejected(
+                sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                    .await,
+            );
             assert!(m.starts_with(&format!("HTTP {code} {reason}")), "{m}");
             assert!(m.contains(&peer.url("/elsewhere")), "{m}");
         }
@@ -434,7 +446,10 @@ fn http_silent_peer_is_no_answer_at_the_timeout() {
         let peer = Peer::start(Answer::Silence).await;
         let sink = http_sink(&peer.url("/"), Duration::from_millis(500));
         let start = Instant::now();
-        let m = no_answer(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = no_answer(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert_eq!(m, "no response within 500ms");
         assert!(
             start.elapsed() < Duration::from_secs(5),
@@ -447,11 +462,42 @@ fn http_silent_peer_is_no_answer_at_the_timeout() {
 }
 
 #[test]
+fn http_an_event_whose_gate_has_closed_is_not_sent_and_costs_nothing() {
+    // The gate is what the relay's batch transaction allows: a request that reaches the point of
+    // being written after it closed (a paused relay, a slow connect) must not reach the receiver.
+    runtime().block_on(async {
+        let peer = Peer::start(status(204, "No Content", "")).await;
+        let sink = http_sink(&peer.url("/hook"), Duration::from_secs(10));
+        let late = event("a", serde_json::json!({"n": 1}));
+        match sink.deliver(&late, &Gate::closed()).await {
+            Err(DeliveryError::Late(msg)) => assert!(msg.contains("not sent"), "{msg}"),
+            other => panic!("expected Late, got {other:?}"),
+        }
+        // Give a request that did go out the time to arrive, then check none did.
+        let next = event("b", serde_json::json!({"n": 2}));
+        sink.deliver(&next, &Gate::always()).await.unwrap();
+        let ids: Vec<String> = peer
+            .requests()
+            .iter()
+            .filter_map(|r| r.header("idempotency-key").map(str::to_owned))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![next.id.to_string()],
+            "only the event whose gate was open"
+        );
+    });
+}
+
+#[test]
 fn http_nothing_listening_is_unavailable() {
     runtime().block_on(async {
         let url = format!("http://127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = unavailable(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         // The relay names the sink in front of it, once.
         assert!(
             m.starts_with("cannot connect: ") && !m.contains(&url),
@@ -465,7 +511,10 @@ fn http_unknown_host_is_unavailable() {
     runtime().block_on(async {
         // .invalid never resolves (RFC 2606); without DNS at all this fails too.
         let sink = http_sink("http://leasectl-test.invalid/", Duration::from_secs(4));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = unavailable(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert!(m.starts_with("cannot connect: "), "{m}");
     });
 }
@@ -478,7 +527,10 @@ fn http_hangup_or_reset_after_the_request_is_this_events_refusal() {
         runtime().block_on(async {
             let peer = Peer::start(answer).await;
             let sink = http_sink(&peer.url("/"), Duration::from_secs(10));
-            let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+            let m = rejected(
+                sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                    .await,
+            );
             assert!(
                 m.contains("the request was sent but the connection failed"),
                 "{m}"
@@ -496,7 +548,10 @@ fn https_to_a_peer_without_tls_is_unavailable() {
         let peer = Peer::start(status(200, "OK", "")).await;
         let url = format!("https://{}/", peer.addr);
         let sink = http_sink(&url, Duration::from_secs(1));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = unavailable(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert!(m.starts_with("cannot connect: "), "{m}");
         assert!(peer.requests().is_empty());
     });
@@ -508,7 +563,10 @@ fn http_credentials_in_the_url_become_basic_auth_and_stay_secret() {
         let peer = Peer::start(status(401, "Unauthorized", "bad credentials")).await;
         let url = format!("http://alice:s3cr%40t@{}/hook", peer.addr);
         let sink = http_sink(&url, Duration::from_secs(10));
-        let m = rejected(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = rejected(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert_eq!(m, "HTTP 401 Unauthorized: bad credentials");
         let r = &peer.requests()[0];
         // base64("alice:s3cr@t"): the password is percent-decoded first.
@@ -518,7 +576,10 @@ fn http_credentials_in_the_url_become_basic_auth_and_stay_secret() {
 
         let url = format!("http://alice:s3cr%40t@127.0.0.1:{}/hook", closed_port());
         let sink = http_sink(&url, Duration::from_secs(10));
-        let m = unavailable(sink.deliver(&event("a", serde_json::json!({}))).await);
+        let m = unavailable(
+            sink.deliver(&event("a", serde_json::json!({})), &Gate::always())
+                .await,
+        );
         assert!(
             m.starts_with("cannot connect: ") && !m.contains("s3cr"),
             "{m}"
@@ -550,7 +611,9 @@ fn exec_gets_the_event_on_stdin_and_in_its_environment() {
         Duration::from_secs(30),
     );
     let ev = event("deploy", serde_json::json!({"exit_code": 0, "x": "y z"}));
-    runtime().block_on(sink.deliver(&ev)).unwrap();
+    runtime()
+        .block_on(sink.deliver(&ev, &Gate::always()))
+        .unwrap();
     let stdin = std::fs::read_to_string(dir.path().join("stdin")).unwrap();
     let line = stdin.strip_suffix('\n').expect("a newline after the event");
     assert_eq!(one_json_line(line.as_bytes()), spec_object(&ev));
@@ -566,10 +629,35 @@ fn exec_gets_the_event_on_stdin_and_in_its_environment() {
 }
 
 #[test]
+fn exec_an_event_whose_gate_has_closed_never_starts_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let sink = exec_sink(
+        &format!("touch '{}'", ran.display()),
+        Duration::from_secs(30),
+    );
+    let ev = event("deploy", serde_json::json!({}));
+    match runtime().block_on(sink.deliver(&ev, &Gate::closed())) {
+        Err(DeliveryError::Late(_)) => {}
+        other => panic!("expected Late, got {other:?}"),
+    }
+    assert!(
+        !ran.exists(),
+        "the command ran for an event that may no longer leave"
+    );
+    runtime()
+        .block_on(sink.deliver(&ev, &Gate::always()))
+        .unwrap();
+    assert!(ran.exists());
+}
+
+#[test]
 fn exec_exit_status_decides() {
     let rt = runtime();
     let ev = event("a", serde_json::json!({}));
-    let deliver = |cmd: &str| rt.block_on(exec_sink(cmd, Duration::from_secs(30)).deliver(&ev));
+    let deliver = |cmd: &str| {
+        rt.block_on(exec_sink(cmd, Duration::from_secs(30)).deliver(&ev, &Gate::always()))
+    };
     deliver("cat >/dev/null; exit 0").unwrap();
     assert_eq!(rejected(deliver("exit 3")), "exited with status 3");
     assert_eq!(
@@ -583,7 +671,7 @@ fn exec_missing_or_unrunnable_command_is_unavailable() {
     let rt = runtime();
     let ev = event("a", serde_json::json!({}));
     let sink = exec_sink("nonexistent-cmd-xyz", Duration::from_secs(30));
-    let m = unavailable(rt.block_on(sink.deliver(&ev)));
+    let m = unavailable(rt.block_on(sink.deliver(&ev, &Gate::always())));
     assert!(m.starts_with("command not found"), "{m}");
     assert!(m.contains("nonexistent-cmd-xyz"), "{m}");
 
@@ -591,7 +679,7 @@ fn exec_missing_or_unrunnable_command_is_unavailable() {
     let script = dir.path().join("not-executable.sh");
     std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
     let sink = exec_sink(&format!("'{}'", script.display()), Duration::from_secs(30));
-    let m = unavailable(rt.block_on(sink.deliver(&ev)));
+    let m = unavailable(rt.block_on(sink.deliver(&ev, &Gate::always())));
     assert!(m.starts_with("command not executable"), "{m}");
 }
 
@@ -601,11 +689,14 @@ fn exec_command_that_ignores_stdin_is_delivered() {
     // Far more than a pipe holds, so the write cannot complete unless someone reads.
     let ev = event("a", serde_json::json!({ "blob": "x".repeat(4 << 20) }));
     // Never reads, leaves stdin open until it exits: the write is abandoned at the exit.
-    rt.block_on(exec_sink("exit 0", Duration::from_secs(30)).deliver(&ev))
+    rt.block_on(exec_sink("exit 0", Duration::from_secs(30)).deliver(&ev, &Gate::always()))
         .unwrap();
     // Closes stdin first: the write fails with EPIPE, which must not matter.
-    rt.block_on(exec_sink("exec 0<&-; sleep 0.2; exit 0", Duration::from_secs(30)).deliver(&ev))
-        .unwrap();
+    rt.block_on(
+        exec_sink("exec 0<&-; sleep 0.2; exit 0", Duration::from_secs(30))
+            .deliver(&ev, &Gate::always()),
+    )
+    .unwrap();
     // Exits while a background child holds the stdin pipe open without reading it (as fd 3:
     // the shell points a background job's stdin at /dev/null): the write is abandoned at the
     // exit rather than waiting for that child.
@@ -616,7 +707,8 @@ fn exec_command_that_ignores_stdin_is_delivered() {
         pid_file.display()
     );
     let start = Instant::now();
-    let outcome = rt.block_on(exec_sink(&holder, Duration::from_secs(10)).deliver(&ev));
+    let outcome =
+        rt.block_on(exec_sink(&holder, Duration::from_secs(10)).deliver(&ev, &Gate::always()));
     let elapsed = start.elapsed();
     // Stopping the background child is the test's job: a normal exit leaves the group alone.
     let pid = read_pid(&pid_file);
@@ -626,7 +718,9 @@ fn exec_command_that_ignores_stdin_is_delivered() {
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
     // The exit status still decides.
     assert_eq!(
-        rejected(rt.block_on(exec_sink("exec 0<&-; exit 5", Duration::from_secs(30)).deliver(&ev))),
+        rejected(rt.block_on(
+            exec_sink("exec 0<&-; exit 5", Duration::from_secs(30)).deliver(&ev, &Gate::always())
+        )),
         "exited with status 5"
     );
 }
@@ -651,7 +745,9 @@ fn exec_timeout_stops_the_command_and_its_children() {
     let timeout = Duration::from_secs(2);
     let sink = exec_sink(&sleeper(dir.path(), ""), timeout);
     let start = Instant::now();
-    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(
+        runtime().block_on(sink.deliver(&event("a", serde_json::json!({})), &Gate::always())),
+    );
     assert_eq!(m, "timed out after 2s");
     // SIGTERM was enough: no need to wait out the grace period.
     assert!(
@@ -673,7 +769,9 @@ fn exec_timeout_escalates_to_sigkill() {
     // An ignored SIGTERM is inherited by the background sleep too.
     let sink = exec_sink(&sleeper(dir.path(), "trap '' TERM;"), timeout);
     let start = Instant::now();
-    let m = no_answer(runtime().block_on(sink.deliver(&event("a", serde_json::json!({})))));
+    let m = no_answer(
+        runtime().block_on(sink.deliver(&event("a", serde_json::json!({})), &Gate::always())),
+    );
     assert_eq!(m, "timed out after 2s");
     assert!(
         start.elapsed() >= timeout + KILL_GRACE,
@@ -693,7 +791,8 @@ fn exec_abandoned_delivery_kills_the_command_and_its_children() {
         let started = until("the command to start", || {
             std::fs::read_to_string(&child_pid).is_ok_and(|s| s.ends_with('\n'))
         });
-        let delivery = sink.deliver(&ev);
+        let gate = Gate::always();
+        let delivery = sink.deliver(&ev, &gate);
         tokio::select! {
             r = delivery => panic!("the delivery ended: {r:?}"),
             () = started => {}

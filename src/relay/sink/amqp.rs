@@ -90,7 +90,7 @@ use lapin::{
     ExchangeKind,
 };
 
-use super::{DeliveryError, Event, Format, SinkOptions};
+use super::{DeliveryError, Event, Format, Gate, SinkOptions};
 
 /// The exchange a URL without `?exchange=` publishes to: this deployment's own (the database as
 /// its server names it, and the schema), never one that every deployment on the broker's vhost
@@ -308,6 +308,8 @@ struct Waiting {
     id: String,
     body: Vec<u8>,
     properties: BasicProperties,
+    /// Its batch's gate, looked at just before the message is published.
+    gate: Gate,
     verdict: oneshot::Sender<Result<(), DeliveryError>>,
 }
 
@@ -341,7 +343,7 @@ impl Amqp {
 
     /// Publishes `event` and waits for the broker's confirm; see the module documentation for
     /// how deliveries are grouped and how failures are classified.
-    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+    pub async fn deliver(&self, event: &Event, gate: &Gate) -> Result<(), DeliveryError> {
         let routing_key = ShortString::try_new(event.event_type.as_str()).map_err(|_| {
             DeliveryError::Rejected(format!(
                 "event type is {} bytes long; an AMQP routing key has at most 255",
@@ -361,6 +363,7 @@ impl Amqp {
                 routing_key,
                 id: event.id.to_string(),
                 body: self.opts.format.body(event).into_bytes(),
+                gate: gate.clone(),
                 verdict: tx,
             });
             forming.len() == 1
@@ -391,6 +394,16 @@ impl Amqp {
                 return;
             }
         };
+        // The group formed (and the link may have been made) after the relay's check: what
+        // may no longer leave does not.
+        let (group, late): (Vec<Waiting>, Vec<Waiting>) =
+            group.into_iter().partition(|w| w.gate.allows_now());
+        for w in late {
+            let _ = w.verdict.send(Err(DeliveryError::late()));
+        }
+        if group.is_empty() {
+            return;
+        }
         let outcomes = self.publish_on_a_channel(&link, &group).await;
         let mut again = Vec::new();
         for (w, verdict) in group.into_iter().zip(outcomes) {
@@ -420,6 +433,9 @@ impl Amqp {
 
     /// Publishes one delivery on a channel of its own; its refusal is its own.
     async fn publish_alone(&self, link: &Arc<Link>, w: &Waiting) -> Result<(), DeliveryError> {
+        if !w.gate.allows_now() {
+            return Err(DeliveryError::late());
+        }
         match self
             .publish_on_a_channel(link, std::slice::from_ref(w))
             .await

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 use crate::process::{Group, Options};
 
-use super::{DeliveryError, Event, SinkOptions};
+use super::{DeliveryError, Event, Gate, SinkOptions};
 
 /// How long a timed-out command has between SIGTERM and SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -81,7 +81,11 @@ impl Exec {
 
     /// Runs the command for one event and classifies the outcome (see the module
     /// documentation). Cancel-safe: dropping the future kills the command's process group.
-    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+    pub async fn deliver(&self, event: &Event, gate: &Gate) -> Result<(), DeliveryError> {
+        // The command acts on the event as soon as it starts: the last moment to look.
+        if !gate.allows_now() {
+            return Err(DeliveryError::late());
+        }
         let mut group = self.spawn(event)?;
         let mut input = self.opts.format.document(event).into_bytes();
         input.push(b'\n');

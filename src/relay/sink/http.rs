@@ -52,7 +52,10 @@
 //! are honoured, as curl would.
 
 use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -60,7 +63,7 @@ use reqwest::header::{HeaderValue, CONTENT_TYPE, LOCATION};
 use reqwest::{StatusCode, Url};
 
 use super::format::percent_encode_header;
-use super::{redact, DeliveryError, Event, SinkOptions};
+use super::{redact, DeliveryError, Event, Gate, SinkOptions};
 
 /// Upper bound on connecting (DNS, TCP, TLS) before the webhook counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -138,7 +141,7 @@ impl Http {
     }
 
     /// POSTs the event and classifies the outcome (see the module documentation).
-    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+    pub async fn deliver(&self, event: &Event, gate: &Gate) -> Result<(), DeliveryError> {
         let aggregate = format!("{}:{}", event.aggregate_type, event.aggregate_id);
         let mut request = self
             .client
@@ -152,12 +155,15 @@ impl Http {
                 request = request.header(format!("ce-{name}"), percent_encode_header(&value));
             }
         }
-        request = request.body(self.opts.format.body(event));
+        let body = GatedBody::new(self.opts.format.body(event), gate.clone());
+        let turned_away = body.turned_away.clone();
+        request = request.body(reqwest::Body::wrap(body));
         if let Some((user, password)) = &self.credentials {
             request = request.basic_auth(user, password.as_ref());
         }
         let mut response = match request.send().await {
             Ok(r) => r,
+            Err(_) if turned_away.load(Ordering::SeqCst) => return Err(DeliveryError::late()),
             Err(e) => return Err(self.send_error(&e)),
         };
         let status = response.status();
@@ -308,6 +314,70 @@ fn root_cause(e: &reqwest::Error) -> String {
         cause = inner;
     }
     cause.to_string()
+}
+
+/// A request's body, handed over only while its batch's [`Gate`] is open. The connection's task
+/// polls it when it writes the request — after a pool checkout, a connect or a pause of the
+/// relay that came after the relay's own check — so this is the last look before the event
+/// leaves. Turned away, it fails the request before its body is sent: the receiver gets at most
+/// a head whose body never comes, which no HTTP server takes for a request.
+struct GatedBody {
+    data: Option<bytes::Bytes>,
+    len: u64,
+    gate: Gate,
+    turned_away: Arc<AtomicBool>,
+}
+
+impl GatedBody {
+    fn new(data: String, gate: Gate) -> GatedBody {
+        GatedBody {
+            len: data.len() as u64,
+            data: Some(data.into()),
+            gate,
+            turned_away: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// Why a [`GatedBody`] was not sent.
+#[derive(Debug)]
+struct TurnedAway;
+
+impl fmt::Display for TurnedAway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the batch's transaction may have ended before the request could be sent")
+    }
+}
+
+impl std::error::Error for TurnedAway {}
+
+impl http_body::Body for GatedBody {
+    type Data = bytes::Bytes;
+    type Error = TurnedAway;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let Some(data) = self.data.take() else {
+            return Poll::Ready(None);
+        };
+        if self.gate.allows_now() {
+            Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+        } else {
+            self.turned_away.store(true, Ordering::SeqCst);
+            Poll::Ready(Some(Err(TurnedAway)))
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        // Exact, so the request has a Content-Length (a receiver can tell a body cut short).
+        http_body::SizeHint::with_exact(if self.data.is_some() { self.len } else { 0 })
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,13 @@
 //!   batch got through, the relay backs off and tries again later; if other deliveries of the
 //!   batch did get through, only the aggregate concerned stops for this batch
 //!   ([`crate::relay::publish`]). Sinks reconnect lazily on the next `deliver`.
+//! * [`DeliveryError::Late`]: the event did not leave, because its batch's transaction may have
+//!   ended before it could ([`Gate`]): nothing charged, and its aggregate stops for the batch.
+//!
+//! Every delivery is handed its batch's [`Gate`] and looks at it at the last moment before the
+//! event is irrevocably out, so that an event held up after the relay's check (a paused relay,
+//! a webhook connection still being made) never reaches the sink after another relay may have
+//! claimed its aggregate.
 
 // The network sinks are Cargo features, on by default: `--no-default-features` builds a smaller
 // binary without lapin, async-nats and reqwest (stdout and exec: remain), e.g. for cron hosts
@@ -37,6 +44,7 @@ pub mod stdout;
 
 use std::time::Duration;
 
+pub use crate::relay::liveness::Gate;
 /// The event every sink publishes; it lives with the outbox's SQL, which builds it.
 pub use crate::store::outbox::Event;
 /// What a sink publishes for it (`--format`).
@@ -53,6 +61,18 @@ pub enum DeliveryError {
     /// finish). This event's refusal only if the sink answered other deliveries meanwhile: a
     /// sink that answers nobody is down, not refusing ([`crate::relay::publish`]).
     NoAnswer(String),
+    /// Not sent: the batch's transaction may have ended before the event could leave
+    /// ([`Gate`]). Nothing is charged; the event goes out with a later batch.
+    Late(String),
+}
+
+impl DeliveryError {
+    /// What a delivery turned away by its gate reports.
+    pub fn late() -> DeliveryError {
+        DeliveryError::Late(
+            "not sent: the batch's transaction may have ended before it could leave".into(),
+        )
+    }
 }
 
 impl std::fmt::Display for DeliveryError {
@@ -60,7 +80,8 @@ impl std::fmt::Display for DeliveryError {
         match self {
             DeliveryError::Rejected(m)
             | DeliveryError::Unavailable(m)
-            | DeliveryError::NoAnswer(m) => f.write_str(m),
+            | DeliveryError::NoAnswer(m)
+            | DeliveryError::Late(m) => f.write_str(m),
         }
     }
 }
@@ -219,18 +240,20 @@ impl Sink {
         })
     }
 
-    /// Publishes one event and waits for the sink to confirm it. May be called concurrently
-    /// (for events of different aggregates) from the relay's single thread.
-    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+    /// Publishes one event and waits for the sink to confirm it, sending nothing once `gate`
+    /// has closed. May be called concurrently (for events of different aggregates) from the
+    /// relay's single thread.
+    pub async fn deliver(&self, event: &Event, gate: &Gate) -> Result<(), DeliveryError> {
         match self {
+            // Buffered until `flush`, which the relay calls only while the batch is known open.
             Sink::Stdout(s) => s.deliver(event),
-            Sink::Exec(s) => s.deliver(event).await,
+            Sink::Exec(s) => s.deliver(event, gate).await,
             #[cfg(feature = "http")]
-            Sink::Http(s) => s.deliver(event).await,
+            Sink::Http(s) => s.deliver(event, gate).await,
             #[cfg(feature = "amqp")]
-            Sink::Amqp(s) => s.deliver(event).await,
+            Sink::Amqp(s) => s.deliver(event, gate).await,
             #[cfg(feature = "nats")]
-            Sink::Nats(s) => s.deliver(event).await,
+            Sink::Nats(s) => s.deliver(event, gate).await,
         }
     }
 

@@ -52,7 +52,7 @@ use async_nats::jetstream::{self, stream};
 use async_nats::{Client, ConnectOptions, ServerAddr};
 
 use super::format::percent_encode_header;
-use super::{DeliveryError, Event, SinkOptions};
+use super::{DeliveryError, Event, Gate, SinkOptions};
 
 /// The subject prefix used when the URL has no `?subject=`.
 pub const DEFAULT_SUBJECT: &str = "leasectl";
@@ -221,7 +221,7 @@ impl Nats {
 
     /// Publishes `event` and waits for JetStream's ack; see the module documentation for how
     /// failures are classified.
-    pub async fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
+    pub async fn deliver(&self, event: &Event, gate: &Gate) -> Result<(), DeliveryError> {
         if let Some(bad) = bad_subject(&event.event_type) {
             return Err(DeliveryError::Rejected(format!(
                 "event type '{}' {bad}, so it cannot end a NATS subject",
@@ -230,6 +230,10 @@ impl Nats {
         }
         let subject = format!("{}.{}", self.spec.subject, event.event_type);
         let (client, js) = self.ready().await?;
+        // Connecting may have taken a while after the relay's check.
+        if !gate.allows_now() {
+            return Err(DeliveryError::late());
+        }
 
         let mut publish = PublishMessage::build()
             .payload(self.opts.format.body(event).into())
