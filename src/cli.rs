@@ -432,7 +432,8 @@ An event is published only while its batch's transaction is known to be open: th
 transaction's idle_in_transaction_session_timeout (11s, plus --timeout for exec: and webhooks;
 a shorter one of the role or database is kept), and past 10s since its last answered statement
 the relay confirms it with a round trip before publishing more, leaving the rest unpublished if it
-ended. Every statement must be answered within 10s (LEASECTL_STATEMENT_TIMEOUT; VACUUM 60s), else
+ended; that deadline is looked at again where each event leaves (a webhook request's body as it
+is written, exec:'s start, a broker publication). Every statement must be answered within 10s (LEASECTL_STATEMENT_TIMEOUT; VACUUM 60s), else
 the relay warns, drops the connection and reconnects; --once exits 69 within 15s of a database
 gone silent.
 
