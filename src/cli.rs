@@ -21,6 +21,7 @@ Examples:
   leasectl run --target nightly-report -- ./report.sh
   leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token
   leasectl status
+  leasectl doctor --ttl 2m --sink amqp://guest:guest@localhost/%2f
   leasectl runs --target nightly-report --limit 5
   leasectl relay --sink amqp://guest:guest@localhost/%2f
 
@@ -131,6 +132,9 @@ Examples:\n  leasectl release --target deploy --token \"$LEASECTL_TOKEN\"\n  lea
     /// Apply pending schema migrations (every command also does this itself), or print grants
     #[command(after_help = MIGRATE_HELP)]
     Migrate(MigrateArgs),
+    /// Inspect the deployment: one line per check (ok, warn or fail) with what to do; changes nothing
+    #[command(after_help = DOCTOR_HELP)]
+    Doctor(DoctorArgs),
     /// Append an outbox event to the running command's $LEASECTL_EVENTS (inside `leasectl run`)
     #[command(after_help = EMIT_HELP)]
     Emit(EmitArgs),
@@ -557,6 +561,63 @@ fn parse_role(s: &str) -> Result<String, String> {
         return Err("'public' would grant to every role; name one role".to_owned());
     }
     Ok(s.to_owned())
+}
+
+const DOCTOR_HELP: &str = "\
+Looks at the database (and with --sink the sink) the other commands would use, and prints one
+line per check: `ok`, `warn` or `fail`, the name of the check, what it found and, for warn and
+fail, what to do. It only looks: no migration, no row written (its reads run in read-only
+transactions), nothing published. What the role cannot see (other roles' sessions, the standbys'
+sync_state without pg_monitor) is a warning that says so, never an ok.
+
+Checks: server (version), primary (not a standby), pooler (and its mode), schema (migrations and
+their checksums), privileges (what the role lacks of `migrate --print-grants`, and what it holds
+beyond them), replication (standbys, and whether this role's commits wait for a synchronous one),
+statement_timeout, idle_in_transaction_session_timeout, max_connections, notify_queue, clock (this
+host's against the database's), outbox (backlog, dead events), xmin_horizon (who holds it back),
+failover (whether --ttl outlasts --failover-time), and sink (with --sink).
+
+--json prints {\"ok\": BOOL, \"checks\": [{\"name\", \"status\", \"detail\", \"fix\"}]}: ok is false when a
+check failed or the database is unreachable; fix is null for an ok check.
+
+Examples:
+  leasectl doctor
+  leasectl doctor --ttl 30s --failover-time 20s
+  leasectl doctor --sink https://hooks.example.com/leasectl --json | jq '.checks[] | select(.status != \"ok\")'
+
+Exit codes: 0 no check failed (warnings allowed); 1 a check failed; 2 usage; 69 the database is
+unreachable, refused the connection or stopped answering.";
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// One JSON document instead of lines
+    #[arg(long)]
+    pub json: bool,
+    /// The --ttl your jobs run with, to check against the failover time [default: run's 2m]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub ttl: Option<Duration>,
+    /// The --heartbeat your jobs run with [default: TTL/4]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR", requires = "ttl")]
+    pub heartbeat: Option<Duration>,
+    /// The --kill-after your jobs run with [default: the smaller of 10s and TTL/10]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR", requires = "ttl")]
+    pub kill_after: Option<Duration>,
+    /// How long a failover of your database takes, from the primary's loss to a writable new one
+    /// [default: 30s, a typical automatic failover]
+    #[arg(long, value_parser = parse_duration, value_name = "DUR")]
+    pub failover_time: Option<Duration>,
+    /// Connections your holders, waiters and relays open at their peak (a holder or waiter 1,
+    /// a relay 2), to check max_connections' headroom
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub connections: Option<u32>,
+    /// A relay's --sink to reach (connect, TLS, log in, look up the exchange or stream); nothing
+    /// is published
+    // Parsed in `cmd::doctor`, not by clap: clap's error would repeat the value, password and all.
+    #[arg(long, value_name = "SINK")]
+    pub sink: Option<String>,
+    /// How long the sink may take to answer
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DUR")]
+    pub sink_timeout: Duration,
 }
 
 const OUTBOX_HELP: &str = "\

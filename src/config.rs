@@ -369,7 +369,7 @@ impl RunConfig {
 
 /// The heartbeat interval and the kill grace for a TTL — given, or the defaults (TTL/4, and
 /// min(10s, TTL/10)) — checked to fit in it.
-fn times(
+pub fn times(
     ttl: Duration,
     heartbeat: Option<Duration>,
     kill_after: Option<Duration>,

@@ -18,7 +18,8 @@
 //! * [`relay`] moves outbox events to a sink: the loop, [`relay::publish`] (the scheduler) and
 //!   one module per sink in [`relay::sink`], which all publish what [`relay::sink::format`] builds
 //!   (`--format json|cloudevents`).
-//! * [`cmd`] has one thin module per subcommand.
+//! * [`cmd`] has one thin module per subcommand; [`doctor`] holds the checks of `leasectl
+//!   doctor`, which only looks.
 //! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
 //!   `main.rs` maps the outcome to one and prints errors once.
 
@@ -26,6 +27,7 @@ pub mod cli;
 pub mod cmd;
 pub mod config;
 pub mod db;
+pub mod doctor;
 pub mod error;
 pub mod exit;
 pub mod fmt;

@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod completions;
+pub mod doctor;
 pub mod emit;
 pub mod expect;
 pub mod migrate;
@@ -45,6 +46,7 @@ pub async fn dispatch(cli: Cli) -> Result<Exit> {
         Command::Outbox(a) => one_shot(outbox::run(db, a)).await,
         Command::Prune(a) => one_shot(prune::run(db, a)).await,
         Command::Migrate(a) => one_shot(migrate::run(db, a)).await,
+        Command::Doctor(a) => one_shot(doctor::run(db, a)).await,
         Command::Emit(a) => emit::run(a),
         Command::Completions(a) => completions::run(a),
     };
@@ -133,6 +135,28 @@ pub fn statement_timeout() -> Result<Option<Duration>> {
 /// bound their own statements, it bounds the connection and the schema check alone.
 pub async fn connect(db: &DbArgs) -> Result<Db> {
     let settings = Settings::new(db.database_url.as_deref())?;
+    bounded(settings, |settings| {
+        Db::connect(settings, Schema::new(&db.schema))
+    })
+    .await
+}
+
+/// Connects as [`connect`] does, under the same deadline, without touching the schema: for
+/// `doctor`, which only looks ([`Db::inspect`]).
+pub async fn connect_to_inspect(db: &DbArgs) -> Result<(Db, crate::db::Detected)> {
+    let settings = Settings::new(db.database_url.as_deref())?;
+    bounded(settings, |settings| {
+        Db::inspect(settings, Schema::new(&db.schema))
+    })
+    .await
+}
+
+/// Runs `open(settings)` within `connect_timeout` per host plus the statement window (see
+/// [`connect`]).
+async fn bounded<T, F>(settings: Settings, open: impl FnOnce(Settings) -> F) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
     let window = statement_window()?;
     let limit = settings.connect_budget().saturating_add(window);
     let at = crate::config::deadline(Instant::now(), limit);
@@ -143,9 +167,9 @@ pub async fn connect(db: &DbArgs) -> Result<Db> {
     );
     if DEADLINE.try_with(|_| ()).is_ok() {
         DEADLINE.with(|d| d.send_replace(Some((at, what))));
-        return Db::connect(settings, Schema::new(&db.schema)).await;
+        return open(settings).await;
     }
-    match tokio::time::timeout_at(at, Db::connect(settings, Schema::new(&db.schema))).await {
+    match tokio::time::timeout_at(at, open(settings)).await {
         Ok(connected) => connected,
         Err(_) => Err(Failure::Unavailable(what).into()),
     }

@@ -36,7 +36,7 @@ const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// client's own deadline. Sent as a startup option (`-c statement_timeout=…`), which costs no
 /// round trip and is the session's own state; a pooler that refuses startup options gets none
 /// (see [`super::session`]).
-pub(super) const STATEMENT_TIMEOUT: &str = "30s";
+pub const STATEMENT_TIMEOUT: &str = "30s";
 /// Socket directories tried when nothing names a host: Debian's, then the upstream default.
 const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
 

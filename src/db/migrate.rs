@@ -170,6 +170,97 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
         .unwrap_or_default())
 }
 
+/// What a schema's ledger says, read without changing anything (for `leasectl doctor`, which
+/// must never migrate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ledger {
+    /// No such schema.
+    NoSchema,
+    /// The schema exists but has no ledger table.
+    NoLedger,
+    /// The ledger, judged against this binary's migrations.
+    Found(LedgerState),
+}
+
+/// A ledger's rows judged against the embedded migrations.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LedgerState {
+    /// The newest version applied (0 when the ledger is empty).
+    pub newest: i32,
+    /// Applied migrations whose text differs from this binary's (`0003_cron`).
+    pub mismatched: Vec<String>,
+    /// Migrations of this binary not yet applied (`0012_lease_slot`).
+    pub pending: Vec<String>,
+    /// Applied versions recorded without a checksum (a ledger from before checksums): the next
+    /// `migrate` records them.
+    pub unsummed: usize,
+}
+
+impl LedgerState {
+    /// Whether the ledger names a version this binary does not know.
+    pub fn too_new(&self) -> bool {
+        self.newest > SCHEMA_VERSION
+    }
+}
+
+/// Reads `schema`'s ledger in one or two statements and judges it ([`Ledger`]); writes nothing.
+pub async fn inspect(client: &Client, schema: &Schema) -> Result<Ledger> {
+    let exists: bool = client
+        .query_typed_one(SCHEMA_EXISTS, &[(&schema.name(), Type::TEXT)])
+        .await?
+        .try_get(0)?;
+    if !exists {
+        return Ok(Ledger::NoSchema);
+    }
+    let with_sums = client
+        .query_typed(
+            &schema.sql("SELECT version, checksum FROM {s}.schema_migrations ORDER BY version"),
+            &[],
+        )
+        .await;
+    let applied: Vec<(i32, Option<Vec<u8>>)> = match with_sums {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| Ok((r.try_get("version")?, r.try_get("checksum")?)))
+            .collect::<Result<_, tokio_postgres::Error>>()?,
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => return Ok(Ledger::NoLedger),
+        // A ledger from before checksums: versions only.
+        Err(e) if e.code() == Some(&SqlState::UNDEFINED_COLUMN) => client
+            .query_typed(
+                &schema.sql("SELECT version FROM {s}.schema_migrations ORDER BY version"),
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("version")?, None)))
+            .collect::<Result<_, tokio_postgres::Error>>()?,
+        Err(e) => return Err(e).context("cannot read the schema's migration ledger"),
+    };
+    Ok(Ledger::Found(judge_ledger(&applied)))
+}
+
+/// [`LedgerState`] of the ledger rows `applied`.
+fn judge_ledger(applied: &[(i32, Option<Vec<u8>>)]) -> LedgerState {
+    let label = |m: &Migration| format!("{:04}_{}", m.version, m.name);
+    let mut state = LedgerState {
+        newest: applied.iter().map(|(v, _)| *v).max().unwrap_or(0),
+        ..LedgerState::default()
+    };
+    for (version, sum) in applied {
+        match (Migration::by_version(*version), sum) {
+            (Some(m), Some(sum)) if *sum != m.checksum() => state.mismatched.push(label(m)),
+            (Some(_), None) => state.unsummed += 1,
+            _ => {}
+        }
+    }
+    state.pending = MIGRATIONS
+        .iter()
+        .filter(|m| !applied.iter().any(|(v, _)| *v == m.version))
+        .map(label)
+        .collect();
+    state
+}
+
 /// [`apply_migrations`], again when it lost a race it cannot lose twice: two first users of a
 /// schema serialise on the advisory lock, but the second may still trip over the first's
 /// `CREATE SCHEMA`/`CREATE TABLE` (seen behind pgbouncer: the waiting backend's catalog cache
@@ -383,5 +474,30 @@ mod tests {
         }
         assert_ne!(MIGRATIONS[0].checksum(), MIGRATIONS[1].checksum());
         assert_eq!(from_hex("00ff10"), vec![0, 255, 16]);
+    }
+
+    #[test]
+    fn the_ledger_is_judged_against_the_embedded_migrations() {
+        let all: Vec<(i32, Option<Vec<u8>>)> = MIGRATIONS
+            .iter()
+            .map(|m| (m.version, Some(m.checksum())))
+            .collect();
+        assert_eq!(
+            judge_ledger(&all),
+            LedgerState {
+                newest: SCHEMA_VERSION,
+                ..LedgerState::default()
+            }
+        );
+        let mut edited = all.clone();
+        edited[2].1 = Some(vec![0; 48]);
+        edited[0].1 = None;
+        edited.pop();
+        let state = judge_ledger(&edited);
+        assert_eq!(state.mismatched, vec!["0003_cron".to_owned()]);
+        assert_eq!(state.unsummed, 1);
+        assert_eq!(state.pending.len(), 1);
+        assert!(!state.too_new());
+        assert!(judge_ledger(&[(SCHEMA_VERSION + 1, None)]).too_new());
     }
 }

@@ -22,7 +22,7 @@ use tokio_postgres::{Client, Notification};
 
 pub use connect::{is_unavailable, reason, Settings};
 pub use migrate::{migrate, SCHEMA_VERSION};
-pub use session::Pooling;
+pub use session::{Detected, Pooling};
 
 /// The validated schema name and its quoted form for SQL.
 #[derive(Debug, Clone)]
@@ -76,6 +76,28 @@ impl Db {
             pooling: session::judge(known, &statement_timeout),
             driver,
         })
+    }
+
+    /// Connects without touching the schema (no migration, no ledger read), for `leasectl
+    /// doctor`, which only looks; also says how the session was found direct or pooled.
+    pub async fn inspect(settings: Settings, schema: Schema) -> Result<(Db, Detected)> {
+        let settings = Arc::new(settings);
+        let (client, (notifications, driver), pooling, detected) =
+            session::inspect(&settings).await?;
+        let db = Db {
+            client,
+            notifications,
+            schema,
+            settings,
+            pooling,
+            driver,
+        };
+        Ok((db, detected))
+    }
+
+    /// Whether this connection reaches its own server session or goes through a pooler.
+    pub fn pooling(&self) -> Pooling {
+        self.pooling
     }
 
     /// Opens a fresh connection with the same settings (the schema is already migrated, and

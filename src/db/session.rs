@@ -78,6 +78,44 @@ pub(super) async fn open(
     }
 }
 
+/// How a session was found to be direct or pooled, for `leasectl doctor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detected {
+    /// `LEASECTL_POOLER` said so.
+    Forced(Pooling),
+    /// The server applied our startup option: our own server session.
+    Direct,
+    /// The server refused the startup option ("unsupported startup parameter"): pgbouncer.
+    Refused,
+    /// The server accepted the startup option but did not apply it: a pooler that drops it
+    /// (pgbouncer's `ignore_startup_parameters = options`, or another pooler).
+    Dropped,
+}
+
+/// Opens a connection as [`open`] does and reads back the session's `statement_timeout`, without
+/// touching the schema: how the session reaches its server, and why leasectl thinks so.
+pub(super) async fn inspect(settings: &Settings) -> Result<(Client, Driven, Pooling, Detected)> {
+    let (client, driven, known) = open(settings, None).await?;
+    if let Some(forced) = forced()? {
+        return Ok((client, driven, forced, Detected::Forced(forced)));
+    }
+    if known == Some(Pooling::Pooled) {
+        return Ok((client, driven, Pooling::Pooled, Detected::Refused));
+    }
+    let shown = client.simple_query("SHOW statement_timeout").await?;
+    let timeout = shown
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .unwrap_or_default();
+    Ok(match judge(None, &timeout) {
+        Pooling::Direct => (client, driven, Pooling::Direct, Detected::Direct),
+        Pooling::Pooled => (client, driven, Pooling::Pooled, Detected::Dropped),
+    })
+}
+
 /// Decides from the `statement_timeout` the session reports (see [`super::migrate`]) unless
 /// the connection already told.
 pub(super) fn judge(known: Option<Pooling>, statement_timeout: &str) -> Pooling {

@@ -1130,7 +1130,7 @@ fn reach_next(batch: i64, claimed: &[Claimed]) -> bool {
 
 /// A backend for a warning: `backend 1234 (application "psql", idle in transaction, transaction
 /// open 5m 3s)`.
-fn describe(h: &Holder) -> String {
+pub fn describe(h: &Holder) -> String {
     let mut parts = Vec::new();
     if let Some(app) = h.application_name.as_deref().filter(|a| !a.is_empty()) {
         parts.push(format!("application \"{}\"", fmt::one_line(app, 60)));

@@ -1107,6 +1107,34 @@ pub async fn force_release(
     Ok(holders.into_iter().map(|(_, h, idle)| (h, idle)).collect())
 }
 
+/// How many connections leasectl's callers hold open now, as the tables show them: each live
+/// lease holder and each live waiter keeps one (relays appear in no table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    pub holders: i64,
+    pub waiters: i64,
+}
+
+/// Counts the live holders and waiters ([`Census`]) in one statement.
+pub async fn census(client: &Client, schema: &Schema) -> Result<Census> {
+    let row = client
+        .query_typed_one(
+            &sql(
+                schema,
+                "SELECT (SELECT count(*) FROM {s}.leases l
+                          WHERE l.token IS NOT NULL AND NOT {expired}) AS holders,
+                        (SELECT count(*) FROM {s}.waiters w WHERE {live_waiter}) AS waiters",
+            ),
+            &[],
+        )
+        .await
+        .context("cannot count the holders and waiters")?;
+    Ok(Census {
+        holders: row.try_get("holders")?,
+        waiters: row.try_get("waiters")?,
+    })
+}
+
 /// One target as `status` shows it: its lease and its newest run.
 #[derive(Debug)]
 pub struct TargetStatus {

@@ -169,14 +169,14 @@ fn print_grants_command(schema: &Schema, role: &str) -> String {
     leasectl_command(schema, &format!("migrate --print-grants {role}"))
 }
 
-/// One object's privileges that the role lacks.
+/// One object's privileges that the role lacks (or, from [`extra`], holds beyond [`GRANTS`]).
 #[derive(Debug, Clone, PartialEq)]
-struct Missing {
-    kind: &'static str,
+pub struct Missing {
+    pub kind: &'static str,
     /// Unqualified, as PostgreSQL's refusal names it.
-    name: String,
-    qualified: String,
-    privileges: Vec<&'static str>,
+    pub name: String,
+    pub qualified: String,
+    pub privileges: Vec<&'static str>,
 }
 
 /// How long the look-up behind a "permission denied" may take before the message goes out
@@ -222,7 +222,7 @@ pub async fn current_role(client: &Client) -> Option<String> {
 /// The privileges of [`GRANTS`] the session's role lacks, object by object, in [`GRANTS`]'s
 /// order. Objects that do not exist are skipped (that is a migration problem, not a grant). The
 /// catalog is read by OID, which needs no privilege on the schema.
-async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
+pub async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
     let mut checks = Vec::new();
     for (i, g) in GRANTS.iter().enumerate() {
         for p in g.privileges {
@@ -271,6 +271,126 @@ async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
         }
     }
     Ok(out.into_iter().map(|(_, m)| m).collect())
+}
+
+/// Every privilege a table can be granted, and a schema: what [`extra`] looks for beyond
+/// [`GRANTS`].
+const TABLE_PRIVILEGES: &[&str] = &[
+    "SELECT",
+    "INSERT",
+    "UPDATE",
+    "DELETE",
+    "TRUNCATE",
+    "REFERENCES",
+    "TRIGGER",
+];
+const SCHEMA_PRIVILEGES: &[&str] = &["USAGE", "CREATE"];
+
+/// The privileges on the objects of [`GRANTS`] that the session's role holds but leasectl never
+/// uses (least privilege: `TRUNCATE` on the outbox, `CREATE` on the schema, …), object by object
+/// in [`GRANTS`]'s order. A superuser or an owner holds them all; [`standing`] says so instead.
+pub async fn extra(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
+    let mut checks = Vec::new();
+    for (i, g) in GRANTS.iter().enumerate() {
+        let (all, name) = match g.on {
+            Object::Schema => (SCHEMA_PRIVILEGES, ""),
+            Object::Table(t) => (TABLE_PRIVILEGES, t),
+        };
+        for p in all.iter().filter(|p| !g.privileges.contains(p)) {
+            checks.push(format!("({i}, '{}', '{name}', '{p}')", g.on.kind()));
+        }
+    }
+    let sql = format!(
+        "SELECT g.i, g.privilege
+           FROM (VALUES {}) AS g(i, kind, name, privilege)
+           JOIN pg_namespace n ON n.nspname = $1
+          WHERE CASE g.kind
+                WHEN 'schema' THEN has_schema_privilege(n.oid, g.privilege)
+                ELSE coalesce(has_table_privilege(
+                    (SELECT c.oid FROM pg_class c
+                      WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege), false)
+                END
+          ORDER BY g.i",
+        checks.join(", ")
+    );
+    let rows = client
+        .query_typed(&sql, &[(&schema.name(), Type::TEXT)])
+        .await?;
+    let mut out: Vec<(usize, Missing)> = Vec::new();
+    for row in rows {
+        let i = usize::try_from(row.try_get::<_, i32>(0)?)?;
+        let privilege: String = row.try_get(1)?;
+        let Some(g) = GRANTS.get(i) else { continue };
+        let all = match g.on {
+            Object::Schema => SCHEMA_PRIVILEGES,
+            Object::Table(_) => TABLE_PRIVILEGES,
+        };
+        let Some(&p) = all.iter().find(|p| **p == privilege) else {
+            continue;
+        };
+        match out.last_mut() {
+            Some((j, m)) if *j == i => m.privileges.push(p),
+            _ => out.push((
+                i,
+                Missing {
+                    kind: g.on.kind(),
+                    name: g.on.name(schema).to_owned(),
+                    qualified: g.on.qualified(schema),
+                    privileges: vec![p],
+                },
+            )),
+        }
+    }
+    Ok(out.into_iter().map(|(_, m)| m).collect())
+}
+
+/// What the session's role is beyond its grants: a superuser, or the owner (or a member of the
+/// owning role) of the schema or of one of its tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    pub role: String,
+    pub superuser: bool,
+    /// The schema's owner, when the role is it or a member of it.
+    pub owns_schema: Option<String>,
+    /// Tables of [`GRANTS`] the role owns (directly or through membership).
+    pub owns_tables: Vec<String>,
+}
+
+/// Reads the role's [`Standing`]; the catalog needs no privilege to read.
+pub async fn standing(client: &Client, schema: &Schema) -> Result<Standing> {
+    let tables: Vec<String> = GRANTS
+        .iter()
+        .filter_map(|g| match g.on {
+            Object::Table(t) => Some(t.to_owned()),
+            Object::Schema => None,
+        })
+        .collect();
+    let row = client
+        .query_typed_one(
+            "SELECT current_user::text AS role,
+                    (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS superuser,
+                    (SELECT pg_get_userbyid(n.nspowner)::text FROM pg_namespace n
+                      WHERE n.nspname = $1 AND pg_has_role(n.nspowner, 'USAGE')) AS owns_schema,
+                    ARRAY(SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                           WHERE n.nspname = $1 AND c.relname = ANY($2)
+                             AND pg_has_role(c.relowner, 'USAGE')
+                           ORDER BY c.relname) AS owns_tables",
+            &[(&schema.name(), Type::TEXT), (&tables, Type::TEXT_ARRAY)],
+        )
+        .await?;
+    Ok(Standing {
+        role: row.try_get("role")?,
+        superuser: row
+            .try_get::<_, Option<bool>>("superuser")?
+            .unwrap_or(false),
+        owns_schema: row.try_get("owns_schema")?,
+        owns_tables: row.try_get("owns_tables")?,
+    })
+}
+
+/// `leasectl [--schema S] migrate --print-grants ROLE`, for a fix line.
+pub fn print_grants_hint(schema: &Schema, role: &str) -> String {
+    print_grants_command(schema, role)
 }
 
 /// The one line for a refusal: the object PostgreSQL named if the role lacks privileges on it,

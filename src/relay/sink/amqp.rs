@@ -243,6 +243,83 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// `leasectl doctor --sink`: connects and logs in, then asks whether the exchange exists
+    /// with a passive declare (which creates nothing), and publishes nothing. Whether a queue is
+    /// bound for the event types cannot be seen over AMQP 0-9-1 without publishing (a
+    /// `mandatory` message that a consumer could receive), so the verdict says so.
+    pub async fn probe(&self, timeout: std::time::Duration) -> super::Probed {
+        use super::Probed;
+        let shown = super::redact(&self.url);
+        let bindings = format!(
+            "whether a queue is bound for your event types cannot be seen over AMQP without publishing:              `rabbitmqctl list_bindings source_name routing_key destination_name` shows the bindings of exchange {}",
+            self.exchange
+        );
+        let look = async {
+            let properties =
+                ConnectionProperties::default().with_connection_name("leasectl doctor".into());
+            let connection = Connection::connect_uri(self.uri.clone(), properties)
+                .await
+                .map_err(|e| (true, format!("cannot connect: {}", lapin_message(&e))))?;
+            let channel = connection.create_channel().await.map_err(|e| {
+                (
+                    true,
+                    format!("cannot open a channel: {}", lapin_message(&e)),
+                )
+            })?;
+            let passive = ExchangeDeclareOptions {
+                passive: true,
+                ..ExchangeDeclareOptions::default()
+            };
+            let exchange = ShortString::try_new(self.exchange.as_str())
+                .map_err(|e| (true, format!("invalid exchange name: {e}")))?;
+            let found = channel
+                .exchange_declare(
+                    exchange,
+                    ExchangeKind::Topic,
+                    passive,
+                    FieldTable::default(),
+                )
+                .await;
+            let _ = connection
+                .close(200, "leasectl doctor is done".into())
+                .await;
+            match found {
+                Ok(()) => Ok(()),
+                Err(e) => Err((false, lapin_message(&e))),
+            }
+        };
+        match tokio::time::timeout(timeout, look).await {
+            Err(_) => Probed::Fail(
+                format!("{shown}: no answer within {}", crate::fmt::duration(timeout)),
+                "check the broker's host, port and firewall".into(),
+            ),
+            Ok(Err((true, why))) => Probed::Fail(
+                format!("{shown}: {why}"),
+                "check the URL's host, port, vhost and credentials (the relay would retry, delivering nothing)".into(),
+            ),
+            Ok(Ok(())) => Probed::Ok(format!(
+                "{shown}: connected and logged in; exchange {} exists; {bindings}",
+                self.exchange
+            )),
+            Ok(Err((false, why))) if self.exchange.starts_with("amq.") => Probed::Fail(
+                format!("{shown}: exchange {} does not exist ({why})", self.exchange),
+                "amq.* exchanges belong to the broker: name another with ?exchange=NAME".into(),
+            ),
+            Ok(Err((false, why))) => Probed::Warn(
+                format!(
+                    "{shown}: connected and logged in; exchange {} does not exist yet ({why}): the relay declares it (a durable topic exchange) on its first connection, but no queue is bound to it, so every event would come back unroutable and die after --max-attempts",
+                    self.exchange
+                ),
+                format!(
+                    "declare exchange {} (topic, durable) and bind your queues to it before starting the relay, e.g. rabbitmqadmin declare exchange name={} type=topic durable=true",
+                    self.exchange, self.exchange
+                ),
+            ),
+        }
+    }
+}
+
 /// The host of `scheme://[userinfo@]host[:port]…` (without the brackets of an IPv6 literal;
 /// empty when there is none) and whether a user name comes before it.
 fn authority(url: &str) -> (String, bool) {

@@ -99,6 +99,114 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// `leasectl doctor --sink`: resolves the host, connects over TCP and, for `https://`,
+    /// completes the TLS handshake against the system's roots, then closes the connection
+    /// without sending a request (a POST would be a delivery). Goes direct: an HTTP proxy from
+    /// the environment, which the relay would use, is named but not tried.
+    pub async fn probe(&self, timeout: Duration) -> super::Probed {
+        use super::Probed;
+        let shown = redact(self.url.as_str());
+        let host = self
+            .url
+            .host_str()
+            .unwrap_or_default()
+            .trim_matches(['[', ']'])
+            .to_owned();
+        let port = self.url.port_or_known_default().unwrap_or(80);
+        let https = self.url.scheme() == "https";
+        let proxy = [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .find(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
+        .map_or(String::new(), |k| {
+            format!(" ({k} is set: the relay may go through that proxy, which was not tried)")
+        });
+        let config = match tls_config(https) {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                return Probed::Fail(
+                    format!("{shown}: {e:#}"),
+                    "install the system's CA certificates".into(),
+                )
+            }
+        };
+        let look = async {
+            let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+                .await
+                .map_err(|e| format!("cannot resolve {host}: {e}"))?
+                .collect();
+            let mut last = format!("{host} resolves to no address");
+            for addr in addrs {
+                match tokio::net::TcpStream::connect(addr).await {
+                    Ok(tcp) => {
+                        if !https {
+                            return Ok(format!("connected to {addr}"));
+                        }
+                        let tcp = tcp.into_std().map_err(|e| e.to_string())?;
+                        let (config, name) = (config.clone(), host.clone());
+                        return tokio::task::spawn_blocking(move || {
+                            handshake(tcp, config, &name, timeout)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map(|v| format!("connected to {addr}, TLS {v} verified"));
+                    }
+                    Err(e) => last = format!("cannot connect to {addr}: {e}"),
+                }
+            }
+            Err(last)
+        };
+        match tokio::time::timeout(timeout, look).await {
+            Err(_) => Probed::Fail(
+                format!("{shown}: no answer within {}{proxy}", crate::fmt::duration(timeout)),
+                "check the host, port and firewall".into(),
+            ),
+            Ok(Err(why)) => Probed::Fail(
+                format!("{shown}: {why}{proxy}"),
+                "check the URL's host and port, and for https:// the server's certificate".into(),
+            ),
+            Ok(Ok(how)) => Probed::Ok(format!(
+                "{shown}: {how}; no request sent, so whether it accepts the POSTs is not checked{proxy}"
+            )),
+        }
+    }
+}
+
+/// A TLS handshake over a connected socket, blocking, each read and write bounded by
+/// `timeout`; the negotiated protocol version.
+fn handshake(
+    tcp: std::net::TcpStream,
+    config: Arc<rustls::ClientConfig>,
+    host: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let mut tcp = tcp;
+    tcp.set_nonblocking(false).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    tcp.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        .map_err(|e| format!("{host} is not a TLS server name: {e}"))?;
+    let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)
+            .map_err(|e| format!("TLS handshake failed: {e}"))?;
+    }
+    conn.send_close_notify();
+    let _ = conn.complete_io(&mut tcp);
+    Ok(conn
+        .protocol_version()
+        .map_or_else(|| "?".to_owned(), |v| format!("{v:?}").replace('_', ".")))
+}
+
 /// Shows the URL with its password replaced, so that `{:?}` of a sink spec is safe to log.
 impl fmt::Debug for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -306,6 +306,50 @@ impl Sink {
     }
 }
 
+/// What `leasectl doctor --sink` found out about a sink without publishing anything: a
+/// verdict, what was seen (no password in it), and for a warning or a failure what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    Ok(String),
+    Warn(String, String),
+    Fail(String, String),
+}
+
+impl SinkSpec {
+    /// Looks at the sink the way the relay would reach it — connecting, logging in, looking up
+    /// the exchange or the stream — within `timeout`, and never publishes: a probe message could
+    /// reach a consumer. `deployment` is the database (as its server names it) and schema, for
+    /// an AMQP URL without `?exchange=` (see [`SinkSpec::for_deployment`]); `None` when the
+    /// database could not be asked.
+    #[allow(unused_variables)]
+    pub async fn probe(&self, timeout: Duration, deployment: Option<(&str, &str)>) -> Probed {
+        match self {
+            SinkSpec::Stdout => Probed::Ok("stdout: nothing to reach".into()),
+            SinkSpec::Exec(s) => Probed::Ok(format!(
+                "exec:{}: not run (running it would deliver to it); the relay runs it once per event",
+                s.command
+            )),
+            #[cfg(feature = "http")]
+            SinkSpec::Http(s) => s.probe(timeout).await,
+            #[cfg(feature = "amqp")]
+            SinkSpec::Amqp(s) => {
+                let mut s = s.clone();
+                if let Some((database, schema)) = deployment {
+                    s.for_deployment(database, schema);
+                } else if !s.exchange_given {
+                    return Probed::Warn(
+                        format!("{}: no ?exchange= and the database could not be asked which deployment's exchange the relay would use", redact(&s.url)),
+                        "name the exchange with ?exchange=NAME, or make the database reachable".into(),
+                    );
+                }
+                s.probe(timeout).await
+            }
+            #[cfg(feature = "nats")]
+            SinkSpec::Nats(s) => s.probe(timeout).await,
+        }
+    }
+}
+
 /// Replaces the password in `scheme://user:password@host…` with `***`.
 pub fn redact(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {

@@ -150,6 +150,68 @@ impl Spec {
     }
 }
 
+impl Spec {
+    /// `leasectl doctor --sink`: connects (credentials included), then asks JetStream which
+    /// stream captures `PREFIX.>`; creates nothing and publishes nothing.
+    pub async fn probe(&self, timeout: std::time::Duration) -> super::Probed {
+        use super::Probed;
+        let shown = redact(&self.url);
+        let servers = match self.servers() {
+            Ok(s) => s,
+            Err(e) => {
+                return Probed::Fail(
+                    format!("invalid NATS URL {shown}: {e}"),
+                    "fix --sink".into(),
+                )
+            }
+        };
+        let wildcard = format!("{}.>", self.subject);
+        let look = async {
+            let client = ConnectOptions::new()
+                .name("leasectl doctor")
+                .connection_timeout(timeout)
+                .request_timeout(Some(timeout))
+                .connect(servers)
+                .await
+                .map_err(|e| (true, format!("cannot connect: {e}")))?;
+            let js = jetstream::ContextBuilder::new()
+                .timeout(timeout)
+                .build(client.clone());
+            let found = js.stream_by_subject(wildcard.as_str()).await;
+            drop(client);
+            match found {
+                Ok(name) => Ok(Some(name)),
+                Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => Ok(None),
+                Err(e) => Err((
+                    false,
+                    format!("cannot look up the JetStream stream for {wildcard}: {e}"),
+                )),
+            }
+        };
+        match tokio::time::timeout(timeout, look).await {
+            Err(_) => Probed::Fail(
+                format!("{shown}: no answer within {}", crate::fmt::duration(timeout)),
+                "check the server's host, port and firewall".into(),
+            ),
+            Ok(Err((true, why))) => Probed::Fail(
+                format!("{shown}: {why}"),
+                "check the URL's host, port and credentials (the relay would retry, delivering nothing)".into(),
+            ),
+            Ok(Err((false, why))) => Probed::Fail(
+                format!("{shown}: connected; {why}"),
+                "enable JetStream on the server (nats-server -js), and let this user use its API".into(),
+            ),
+            Ok(Ok(Some(stream))) => Probed::Ok(format!(
+                "{shown}: connected; stream {stream} captures {wildcard}"
+            )),
+            Ok(Ok(None)) => Probed::Ok(format!(
+                "{shown}: connected; no stream captures {wildcard} yet: the relay creates stream {} (file storage, the server's defaults) on its first delivery",
+                self.stream
+            )),
+        }
+    }
+}
+
 /// [`super::redact`] for every server of the list, and a bare `token@` hidden too (NATS takes
 /// a lone user-info as a token).
 fn redact(url: &str) -> String {
