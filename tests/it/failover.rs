@@ -543,3 +543,58 @@ fn with_asynchronous_replication_an_acquisition_the_standby_missed_hands_its_fen
     );
     assert!(!alive(pid), "the command outlived its lease");
 }
+
+/// `leasectl doctor --json` against one node of the cluster alone; the report.
+fn doctor_at(node: &Node, dir: &Path) -> (serde_json::Value, Output) {
+    let out = Command::new(bin())
+        .env_remove("DATABASE_URL")
+        .args([
+            "--database-url",
+            &format!(
+                "postgres://postgres@127.0.0.1:{}/postgres?connect_timeout=5",
+                node.port
+            ),
+            "doctor",
+            "--json",
+        ])
+        .current_dir(dir)
+        .output_in_time();
+    let doc = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor printed no JSON ({e}): {out:?}"));
+    (doc, out)
+}
+
+/// The `name` check of a doctor report: its status and its detail with its fix.
+fn doctor_check(doc: &serde_json::Value, name: &str) -> (String, String) {
+    let c = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name} in {doc:#}"));
+    (
+        c["status"].as_str().unwrap().to_owned(),
+        format!("{} {}", c["detail"], c["fix"]),
+    )
+}
+
+#[test]
+fn doctor_warns_of_an_asynchronous_standby_on_the_primary_and_fails_on_the_standby() {
+    let cluster = Cluster::start(false);
+    let (doc, out) = doctor_at(&cluster.primary, cluster.dir.path());
+    let (status, detail) = doctor_check(&doc, "replication");
+    assert_eq!(status, "warn", "{doc:#}");
+    assert!(detail.contains("1 streaming standby(s), all asynchronous"), "{detail}");
+    assert!(
+        detail.contains("ALTER ROLE \\\"postgres\\\" SET synchronous_commit = 'remote_apply'"),
+        "{detail}"
+    );
+    assert_eq!(doctor_check(&doc, "primary").0, "ok");
+    assert_eq!(code(&out), 0, "{doc:#}");
+
+    let (doc, out) = doctor_at(&cluster.standby, cluster.dir.path());
+    let (status, detail) = doctor_check(&doc, "primary");
+    assert_eq!(status, "fail", "{doc:#}");
+    assert!(detail.contains("target_session_attrs=read-write"), "{detail}");
+    assert_eq!(code(&out), 1, "{doc:#}");
+}

@@ -16,6 +16,7 @@ mod cli;
 mod cloudevents;
 mod completions;
 mod connect;
+mod doctor;
 mod events;
 mod examples;
 mod failover;

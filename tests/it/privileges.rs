@@ -14,14 +14,14 @@ use crate::common::*;
 use crate::events::insert_events;
 
 /// A throwaway LOGIN role, dropped (with every privilege granted to it) on drop.
-struct Role {
-    name: String,
+pub(crate) struct Role {
+    pub(crate) name: String,
     /// The test database's connection string, as this role (trust authentication).
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Role {
-    fn new(env: &Env) -> Role {
+    pub(crate) fn new(env: &Env) -> Role {
         let name = format!(
             "lc_priv_{}",
             uuid::Uuid::new_v4().simple().to_string().get(..12).unwrap()
@@ -37,7 +37,7 @@ impl Role {
     }
 
     /// `leasectl --database-url URL-as-this-role --schema … ARGS` for `env`'s schema.
-    fn command(&self, env: &Env) -> Command {
+    pub(crate) fn command(&self, env: &Env) -> Command {
         env.command_at(&self.url)
     }
 
@@ -53,7 +53,7 @@ impl Role {
     }
 
     /// Applies exactly what `leasectl migrate --print-grants ROLE` prints, as the owner.
-    fn grant(&self, env: &Env) {
+    pub(crate) fn grant(&self, env: &Env) {
         // No connection is needed to print: an unreachable database changes nothing.
         let o = env
             .command_at("host=/nonexistent dbname=none")
@@ -74,7 +74,7 @@ impl Drop for Role {
 }
 
 /// Runs SQL on the test database as the test's own (superuser) connection.
-fn admin(sql: &str) {
+pub(crate) fn admin(sql: &str) {
     try_admin(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
