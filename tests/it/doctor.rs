@@ -54,7 +54,11 @@ fn status<'a>(doc: &'a Value, name: &str) -> &'a str {
 
 fn detail(doc: &Value, name: &str) -> String {
     let c = check(doc, name);
-    format!("{} {}", c["detail"].as_str().unwrap(), c["fix"].as_str().unwrap_or(""))
+    format!(
+        "{} {}",
+        c["detail"].as_str().unwrap(),
+        c["fix"].as_str().unwrap_or("")
+    )
 }
 
 #[test]
@@ -76,7 +80,10 @@ fn a_fresh_schema_has_migrations_pending_and_doctor_leaves_it_so_until_migrate()
         .collect();
     assert_eq!(names, CHECKS);
     assert_eq!(status(&doc, "schema"), "warn");
-    assert!(detail(&doc, "schema").contains("12 migrations pending"), "{doc:#}");
+    assert!(
+        detail(&doc, "schema").contains("12 migrations pending"),
+        "{doc:#}"
+    );
     // Doctor only looks: the schema is still not there.
     assert_eq!(
         env.scalar(&format!(
@@ -127,7 +134,10 @@ fn an_edited_migration_fails_with_exit_1() {
     assert_eq!(doc["ok"], false);
     assert_eq!(status(&doc, "schema"), "fail");
     assert!(detail(&doc, "schema").contains("0003_cron"), "{doc:#}");
-    assert!(detail(&doc, "schema").contains("checksum mismatch"), "{doc:#}");
+    assert!(
+        detail(&doc, "schema").contains("checksum mismatch"),
+        "{doc:#}"
+    );
 }
 
 #[test]
@@ -141,7 +151,10 @@ fn privileges_exactly_the_printed_grants_are_ok_and_a_missing_one_is_named() {
     assert_eq!(status(&doc, "schema"), "ok", "{doc:#}");
     // Without pg_monitor other roles' sessions are hidden: said, not passed over.
     assert_eq!(status(&doc, "xmin_horizon"), "warn", "{doc:#}");
-    assert!(detail(&doc, "xmin_horizon").contains("pg_monitor"), "{doc:#}");
+    assert!(
+        detail(&doc, "xmin_horizon").contains("pg_monitor"),
+        "{doc:#}"
+    );
     assert_eq!(code(&out), 0, "{doc:#}");
 
     admin(&format!(
@@ -164,7 +177,10 @@ fn privileges_exactly_the_printed_grants_are_ok_and_a_missing_one_is_named() {
     ));
     let (doc, _) = doctor_json(app.command(&env), &[]);
     assert_eq!(status(&doc, "privileges"), "warn", "{doc:#}");
-    assert!(detail(&doc, "privileges").contains("REVOKE TRUNCATE"), "{doc:#}");
+    assert!(
+        detail(&doc, "privileges").contains("REVOKE TRUNCATE"),
+        "{doc:#}"
+    );
 }
 
 #[test]
@@ -224,12 +240,18 @@ fn a_ttl_shorter_than_the_failover_is_a_warning_with_a_ttl_that_would_do() {
 #[test]
 fn an_unreachable_database_is_one_failing_line_and_exit_69() {
     let env = Env::new();
-    let url = format!("host=127.0.0.1 port={} dbname=x connect_timeout=2", spare_port());
+    let url = format!(
+        "host=127.0.0.1 port={} dbname=x connect_timeout=2",
+        spare_port()
+    );
     let out = env.command_at(&url).arg("doctor").output_in_time();
     assert_eq!(code(&out), 69, "{out:?}");
     let text = stdout(&out);
     assert_eq!(text.lines().count(), 1, "{text}");
-    assert!(text.starts_with("fail connection: cannot connect"), "{text}");
+    assert!(
+        text.starts_with("fail connection: cannot connect"),
+        "{text}"
+    );
     let (doc, out) = doctor_json(env.command_at(&url), &[]);
     assert_eq!(code(&out), 69);
     assert_eq!(doc["ok"], false);
@@ -257,7 +279,10 @@ fn the_local_rabbitmq_and_nats_are_reached_without_publishing() {
     let amqp = format!("{}?exchange=amq.topic", crate::sink_brokers::amqp_url());
     let (doc, out) = doctor_json(env.command(), &["--sink", &amqp]);
     assert_eq!(status(&doc, "sink"), "ok", "{doc:#}");
-    assert!(detail(&doc, "sink").contains("rabbitmqctl list_bindings"), "{doc:#}");
+    assert!(
+        detail(&doc, "sink").contains("rabbitmqctl list_bindings"),
+        "{doc:#}"
+    );
     assert_eq!(code(&out), 0, "{doc:#}");
     // A deployment's own exchange that nobody declared yet: nothing would route.
     let (doc, _) = doctor_json(env.command(), &["--sink", &crate::sink_brokers::amqp_url()]);
@@ -281,10 +306,16 @@ fn through_the_test_pgbouncer_the_pooler_is_reported_in_transaction_mode() {
     let (doc, _) = doctor_json(env.command_at(&pooler_url("leasectl_test_single")), &[]);
     assert_eq!(status(&doc, "pooler"), "ok", "{doc:#}");
     let d = detail(&doc, "pooler");
-    assert!(d.contains("pgbouncer") && d.contains("transaction mode"), "{d}");
+    assert!(
+        d.contains("pgbouncer") && d.contains("transaction mode"),
+        "{d}"
+    );
     assert!(d.contains("polls instead of LISTEN"), "{d}");
     // Behind the pooler the server's statement_timeout applies, not leasectl's own.
-    assert!(detail(&doc, "statement_timeout").contains("behind the pooler"), "{doc:#}");
+    assert!(
+        detail(&doc, "statement_timeout").contains("behind the pooler"),
+        "{doc:#}"
+    );
 }
 
 /// libfaketime's preload library (Debian package `faketime`; scripts/test installs it).
@@ -307,6 +338,9 @@ fn a_host_clock_two_minutes_ahead_is_a_warning() {
     assert_eq!(code(&out), 0, "{doc:#}");
     assert_eq!(status(&doc, "clock"), "warn", "{doc:#}");
     let d = detail(&doc, "clock");
-    assert!(d.contains("ahead of the database's") && d.contains("NTP"), "{d}");
+    assert!(
+        d.contains("ahead of the database's") && d.contains("NTP"),
+        "{d}"
+    );
     assert!(d.contains("2m0"), "{d}");
 }

@@ -584,7 +584,10 @@ fn doctor_warns_of_an_asynchronous_standby_on_the_primary_and_fails_on_the_stand
     let (doc, out) = doctor_at(&cluster.primary, cluster.dir.path());
     let (status, detail) = doctor_check(&doc, "replication");
     assert_eq!(status, "warn", "{doc:#}");
-    assert!(detail.contains("1 streaming standby(s), all asynchronous"), "{detail}");
+    assert!(
+        detail.contains("1 streaming standby(s), all asynchronous"),
+        "{detail}"
+    );
     assert!(
         detail.contains("ALTER ROLE \\\"postgres\\\" SET synchronous_commit = 'remote_apply'"),
         "{detail}"
@@ -595,6 +598,9 @@ fn doctor_warns_of_an_asynchronous_standby_on_the_primary_and_fails_on_the_stand
     let (doc, out) = doctor_at(&cluster.standby, cluster.dir.path());
     let (status, detail) = doctor_check(&doc, "primary");
     assert_eq!(status, "fail", "{doc:#}");
-    assert!(detail.contains("target_session_attrs=read-write"), "{detail}");
+    assert!(
+        detail.contains("target_session_attrs=read-write"),
+        "{detail}"
+    );
     assert_eq!(code(&out), 1, "{doc:#}");
 }
