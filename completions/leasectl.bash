@@ -25,6 +25,9 @@ _leasectl() {
             leasectl,completions)
                 cmd="leasectl__subcmd__completions"
                 ;;
+            leasectl,doctor)
+                cmd="leasectl__subcmd__doctor"
+                ;;
             leasectl,emit)
                 cmd="leasectl__subcmd__emit"
                 ;;
@@ -72,6 +75,9 @@ _leasectl() {
                 ;;
             leasectl__subcmd__help,completions)
                 cmd="leasectl__subcmd__help__subcmd__completions"
+                ;;
+            leasectl__subcmd__help,doctor)
+                cmd="leasectl__subcmd__help__subcmd__doctor"
                 ;;
             leasectl__subcmd__help,emit)
                 cmd="leasectl__subcmd__help__subcmd__emit"
@@ -152,7 +158,7 @@ _leasectl() {
 
     case "${cmd}" in
         leasectl)
-            opts="-v -h -V --database-url --schema --verbose --help --version run acquire renew status runs output release expect check relay outbox prune migrate emit completions help"
+            opts="-v -h -V --database-url --schema --verbose --help --version run acquire renew status runs output release expect check relay outbox prune migrate doctor emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -279,6 +285,56 @@ _leasectl() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        leasectl__subcmd__doctor)
+            opts="-v -h -V --json --ttl --heartbeat --kill-after --failover-time --connections --sink --sink-timeout --database-url --schema --verbose --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --ttl)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --heartbeat)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kill-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --failover-time)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --connections)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sink)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sink-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         leasectl__subcmd__emit)
             opts="-v -h -V --aggregate-type --aggregate-id --type --payload --database-url --schema --verbose --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -356,7 +412,7 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help)
-            opts="run acquire renew status runs output release expect check relay outbox prune migrate emit completions help"
+            opts="run acquire renew status runs output release expect check relay outbox prune migrate doctor emit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -398,6 +454,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__help__subcmd__completions)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        leasectl__subcmd__help__subcmd__doctor)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
