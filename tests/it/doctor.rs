@@ -342,5 +342,6 @@ fn a_host_clock_two_minutes_ahead_is_a_warning() {
         d.contains("ahead of the database's") && d.contains("NTP"),
         "{d}"
     );
-    assert!(d.contains("2m0"), "{d}");
+    // Two minutes, give or take the round trip (durations are shown truncated).
+    assert!(d.contains("1m59s") || d.contains("2m00s"), "{d}");
 }
