@@ -2,7 +2,7 @@
 """What the outbox's NOTIFY trigger costs applications: insert rate of concurrent autocommit writers.
 
     python3 bench/outbox-insert.py [--clients 8] [--seconds 8] [--rounds 3]
-                                   [--bin target/release/leasectl]
+                                   [--bin target/release/leasectl] [--baseline OLD]
 
 Needs `psql` and `pgbench` reaching a local PostgreSQL like a bare `psql` (the libpq
 environment; DATABASE_URL is ignored). Standard library only.
@@ -24,6 +24,11 @@ a fresh schema's outbox, in one of these modes, rotated from round to round:
   always+relay, marked+relay, off+relay
            the same with a continuous `leasectl relay --sink stdout` (to /dev/null, --poll 1s)
            draining the outbox meanwhile, which is how the table is used
+
+  MODE@baseline
+           with --baseline OLD: MODE in a schema that build made (its migrations, its trigger,
+           its relay), measured in the same rounds; `marked` and `marked+relay` get one each by
+           default, and each is printed as this build ÷ the baseline
 
 Printed: inserts per second (median over the rounds) per mode, and the ratios to `off` in the
 same setting (with or without the relay), which is the figure issue 12 §5.7 asks for (≥ 0.8);
@@ -85,8 +90,10 @@ def pgbench(script, clients, seconds):
 
 
 def one_run(a, d, mode):
+    mode, _, which = mode.partition("@")
+    binary = a.baseline if which == "baseline" else a.bin
     trigger, _, relayed = mode.partition("+")
-    schema = fresh_schema(a.bin, trigger)
+    schema = fresh_schema(binary, trigger)
     script = os.path.join(d, "insert.sql")
     with open(script, "w") as f:
         f.write("\\set aid random(1, 1000)\n"
@@ -96,7 +103,7 @@ def one_run(a, d, mode):
     relay = None
     try:
         if relayed:
-            relay = subprocess.Popen([a.bin, "--schema", schema, "relay", "--sink", "stdout",
+            relay = subprocess.Popen([binary, "--schema", schema, "relay", "--sink", "stdout",
                                       "--poll", "1s"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(0.5)  # connected and listening (a late start only costs the relay)
@@ -126,26 +133,39 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="always,marked,off,always+relay,marked+relay,off+relay")
+    ap.add_argument("--baseline", help="another leasectl build measured in the same rounds (bench/compare builds one)")
     a = ap.parse_args()
     os.environ.pop("DATABASE_URL", None)
     modes = a.modes.split(",")
+    if a.baseline:
+        if not os.path.isfile(a.baseline):
+            sys.exit(f"outbox-insert: --baseline {a.baseline} not found")
+        modes += [m + "@baseline" for m in ("marked", "marked+relay") if m in modes and m + "@baseline" not in modes]
+    elif any(m.endswith("@baseline") for m in modes):
+        sys.exit("outbox-insert: a MODE@baseline needs --baseline")
     rates = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as d:
         for r in range(a.rounds):
             order = modes[r % len(modes):] + modes[:r % len(modes)]
             for m in order:
                 rates[m].append(one_run(a, d, m))
-                print(f"  round {r + 1}: {m:13} {rates[m][-1]:8.0f} inserts/s", flush=True)
+                print(f"  round {r + 1}: {m:22} {rates[m][-1]:8.0f} inserts/s", flush=True)
     med = {m: statistics.median(v) for m, v in rates.items()}
     print(f"\n{a.clients} autocommit writers, {a.seconds} s per run, median of {a.rounds} rounds:")
     for m in modes:
+        if m.endswith("@baseline"):
+            print(f"  {m:22} {med[m]:8.0f} inserts/s  (baseline)")
+            continue
+        if m + "@baseline" in med:
+            print(f"  {m:22} {med[m]:8.0f} inserts/s  {med[m] / med[m + '@baseline']:.2f} × baseline")
+            continue
         ref = "off+relay" if m.endswith("+relay") else "off"
         for pre in ("pre0010", "pre0009"):
             if m.startswith("marked") and m.replace("marked", pre) in med:
                 ref = m.replace("marked", pre)
                 break
         ratio = f"{med[m] / med[ref]:.2f} × {ref}" if ref in med and m != ref else ""
-        print(f"  {m:13} {med[m]:8.0f} inserts/s  {ratio}")
+        print(f"  {m:22} {med[m]:8.0f} inserts/s  {ratio}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 Run from anywhere, after `cargo build --release`:
 
     pip install pika nats-py 'psycopg[binary]'    # and optionally uvloop (a cheaper HTTP peer)
-    python3 bench/relay.py [--quick] [--events 50000] [--rounds 5] [--bin target/release/leasectl]
+    python3 bench/relay.py [--quick] [--events 50000] [--rounds 5] [--bin target/release/leasectl] [--baseline OLD]
 
 Needs a local PostgreSQL reachable like a bare `psql` (the libpq environment, else the local
 socket as the current OS user; DATABASE_URL is ignored), `pgbench`, GNU time (/usr/bin/time, for
@@ -35,6 +35,9 @@ Measured:
               1000 acknowledged publishes in flight (Python clients: lower bounds of what the
               brokers take), pika also with `?properties=full`'s message properties, and each
               local broker's own CPU time per message.
+  baseline    with --baseline OLD, every relay drain above is measured a second time in the same
+              rounds with that build (e.g. the last release; bench/compare builds one), its schema
+              made by its own `migrate`, and each line says this build ÷ the baseline.
   latency     a continuous `leasectl relay --sink stdout` and one persistent psycopg connection
               inserting one event per transaction, 5–10 ms apart; latency = from just before
               COMMIT is sent to the moment the relay's line arrives on its stdout pipe. Once with
@@ -80,6 +83,8 @@ MAX_SEQ = 9223372036854775807
 BATCH = 1000
 
 GOAL_STDOUT_VS_FLOOR = 0.5
+# This build ÷ the --baseline build on the stdout drain: at least as fast as the last release.
+GOAL_VS_BASELINE = 1.0
 GOAL_BROKER_EPS = 20_000
 # Issue 12 §2: the relay keeps up with a plain client of the same broker (REF_WINDOW in flight).
 GOAL_BROKER_VS_REF = 0.9
@@ -196,12 +201,14 @@ def claim_script(schema):
     if re.search(r"\{(?!s\})[\w:]+\}", sql):
         die("the CLAIM statement uses a placeholder bench/relay.py does not know; update it")
     sql = "\n".join(line.rstrip() for line in sql.splitlines() if line.strip())
-    for param in ("$1", "$2", "$3", "$4", "$5", "$6", "$7"):
+    for param in ("$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"):
         if param not in sql:
             die(f"the CLAIM statement no longer uses {param}; update bench/relay.py")
     # $6, $7: a claim of the next batch while one is published excludes that one's events and
     # may come back empty; the floor is a plain claim: nothing excluded, the first event always.
     sql = sql.replace("$6", "'{}'::int8[]").replace("$7", "true")
+    # $8: how much of the reach a look past the window takes in; one window, as the relay's first.
+    sql = sql.replace("$8", ":window")
     sql = sql.replace("{s}", quoted(schema)).replace("$1", ":batch").replace("$2", ":window").replace("$3", ":maxseq").replace("$4", ":reach").replace("$5", ":bytes")
     # In the transaction the relay opens for it (BEGIN_CLAIM: its planner settings), one
     # command a line, since pgbench -M prepared prepares each command on its own.
@@ -586,10 +593,19 @@ class HttpPeer:
 
 
 class Candidate:
-    def __init__(self, name, aggregates, kind, label, analyze=True, events=None, order="insert", query=""):
+    def __init__(self, name, aggregates, kind, label, analyze=True, events=None, order="insert", query="", binary=None):
         self.name, self.aggregates, self.kind, self.label = name, aggregates, kind, label
         self.analyze, self.events, self.order, self.query = analyze, events, order, query
+        # The leasectl argv prefix to measure: None for --bin, else the --baseline build's.
+        self.binary = binary
         self.rates, self.rss, self.cpu_us, self.broker_us = [], [], [], []
+
+    def twin(self, binary):
+        """The same drain with another build, measured in the same rounds."""
+        t = Candidate(self.name + "@baseline", self.aggregates, self.kind, self.label + " — baseline build",
+                      self.analyze, self.events, self.order, self.query, binary)
+        t.of = self.name
+        return t
 
 
 def broker_pid(kind):
@@ -626,7 +642,8 @@ def measure_one(args, pg, cand, peer):
         cand.rates.append(rate)
         return rate
     n = max(cand.events or 0, args.events)
-    schema = new_schema(args.leasectl)
+    leasectl = cand.binary or args.leasectl
+    schema = new_schema(leasectl)
     target = None
     try:
         fill(pg, schema, n, cand.aggregates, cand.analyze)
@@ -650,7 +667,7 @@ def measure_one(args, pg, cand, peer):
                 before = (peer.requests(), peer.cpu())
             else:
                 sink = "stdout"
-            argv = [*args.leasectl, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
+            argv = [*leasectl, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
             if cand.order != "insert":
                 argv += ["--order", cand.order]
         code, wall, rss, cpu, err = run_measured(argv)
@@ -730,6 +747,8 @@ def throughput(args, pg, peer):
     if peer is not None:
         cands.append(Candidate("http", 1000, "http", f"relay --once → HTTP peer ({args.http_workers} processes, 204)"))
     cands = [c for c in cands if c.kind == "floor" or c.name.split("-")[0] in args.sinks]
+    if args.base:
+        cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http")]
     print(f"Throughput: {args.events} events per drain, {args.rounds} rounds of {len(cands)} candidates, rotated")
     for r in range(args.rounds):
         order = cands[r % len(cands) :] + cands[: r % len(cands)]
@@ -954,6 +973,7 @@ def main():
     ap.add_argument("-v", "--verbose", action="store_true", help="print every table-size lot")
     ap.add_argument("--only", default="throughput,latency,size", help="comma-separated parts to run")
     ap.add_argument("--sinks", default="stdout,amqp,nats,http", help="comma-separated sinks for the throughput part")
+    ap.add_argument("--baseline", help="another leasectl build measured in the same rounds (bench/compare builds one)")
     args = ap.parse_args()
     q = args.quick
     args.events = args.events or (10_000 if q else 50_000)
@@ -966,6 +986,11 @@ def main():
     if not Path(args.bin).is_file():
         die(f"{args.bin} not found; build it first: cargo build --release")
     args.leasectl = [args.bin] + (["--database-url", args.database_url] if args.database_url else [])
+    if args.baseline and not Path(args.baseline).is_file():
+        die(f"--baseline {args.baseline} not found")
+    args.base = (
+        [args.baseline] + (["--database-url", args.database_url] if args.database_url else []) if args.baseline else None
+    )
     args.pgbench = real_binary("pgbench")
     if not args.pgbench:
         die("pgbench is not installed")
@@ -974,6 +999,10 @@ def main():
     pg = Pg()
     version = subprocess.run([args.bin, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"{version}; {machine(pg)}")
+    base_version = None
+    if args.base:
+        base_version = subprocess.run([args.baseline, "--version"], capture_output=True, text=True).stdout.strip()
+        print(f"baseline: {base_version} ({args.baseline})")
 
     tmp = tempfile.TemporaryDirectory(prefix="leasectl-bench-")
     args.tmp = tmp.name
@@ -1029,6 +1058,11 @@ def main():
         for name, c in res.items():
             if c.kind == "floor":
                 continue
+            if c.binary is not None:
+                if c.rates:
+                    lines.append(f"| {c.label} ({base_version}) | {med(c.rates) / 1000:.1f}k events/s; peak RSS "
+                                 f"{max(c.rss):.1f} MiB | (baseline) | |")
+                continue
             if c.kind.endswith(("-ref", "-ref-props")):
                 if c.rates:
                     b = f"; broker {med(c.broker_us):.0f} µs CPU/msg" if c.broker_us else ""
@@ -1061,7 +1095,15 @@ def main():
                              f"{verdict(vs >= GOAL_BROKER_VS_REF)}")
             else:
                 goal = ""
-            lines.append(f"| {c.label} | {rate / 1000:.1f}k events/s{extra} | relay/floor = **{r:.2f}** | {goal} |")
+            base = res.get(name + "@baseline")
+            vs_base = ""
+            if base is not None and base.rates:
+                b = rate / med(base.rates)
+                paired = med([x / y for x, y in zip(c.rates, base.rates) if y])
+                vs_base = f"; ÷ baseline = **{b:.2f}** (per round {paired:.2f})"
+                if c.kind == "stdout":
+                    goal += f"; ≥ {GOAL_VS_BASELINE:g} × baseline — {verdict(b >= GOAL_VS_BASELINE)}"
+            lines.append(f"| {c.label} | {rate / 1000:.1f}k events/s{extra} | relay/floor = **{r:.2f}**{vs_base} | {goal} |")
         spread = ", ".join(
             f"{n} {min(c.rates) / 1000:.1f}–{max(c.rates) / 1000:.1f}k" for n, c in res.items() if c.rates
         )

@@ -3,7 +3,7 @@
 
 Run from anywhere, after `cargo build --release`:
 
-    python3 bench/run-overhead.py [--rounds 100] [--bin target/release/leasectl]
+    python3 bench/run-overhead.py [--rounds 100] [--bin target/release/leasectl] [--baseline OLD]
 
 Candidates, each measured as the wall time of one whole process (start to exit):
 
@@ -16,6 +16,10 @@ Candidates, each measured as the wall time of one whole process (start to exit):
   etcdctl    etcdctl lock NAME true                       (against --etcd-endpoint if given, else
              an etcd the script starts itself on spare ports, with a temporary data directory,
              stopped at the end; left out when neither etcd nor etcdctl is installed)
+
+  baseline   OLD --schema S2 run --target t -- true         (with --baseline: another build, e.g.
+             the last release, in a schema of its own, since an older binary refuses a schema
+             migrated by a newer one; its holding memory is measured as leasectl's is)
 
 Every round runs each candidate once, in an order rotated from round to round, so drift in the
 machine's load hits all of them alike. Three more leasectl invocations run in the same rounds to
@@ -52,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 GOAL_VS_PSQL = 0.35  # leasectl run / psql 'select 1'
 GOAL_VS_ETCD = 0.5  # leasectl run / etcdctl lock
 GOAL_RSS_MIB = 8.0  # resident memory of a holding leasectl
+GOAL_VS_BASELINE = 0.9  # leasectl run / the same with the --baseline build
 
 
 def env_without_database_url():
@@ -242,6 +247,36 @@ def real_psql():
     return str(found[-1]) if found else None
 
 
+def holding_rss(leasectl, binary, timer, workdir):
+    """(VmRSS, VmHWM, peak RSS by GNU time or None) in MiB of `leasectl run` holding a lease."""
+    report = os.path.join(workdir, f"holder-{os.getpid()}-{secrets.token_hex(3)}.time")
+    holder = subprocess.Popen(
+        ([timer, "-v", "-o", report] if timer else []) + leasectl + ["run", "--target", "rss", "--", "sleep", "60"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    pid = child_pid(holder.pid) if timer else holder.pid
+    try:
+        wait_until_held(leasectl, "rss", holder)
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        if comm != binary.name[:15]:
+            sys.exit(f"run-overhead: pid {pid} is {comm!r}, not {binary.name}")
+        rss = proc_status_kib(pid, "VmRSS") / 1024
+        hwm = proc_status_kib(pid, "VmHWM") / 1024
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        holder.wait(timeout=30)
+    peak = None
+    if timer:
+        with open(report) as f:
+            kib = max_rss_kib(f.read())
+        peak = kib / 1024 if kib else None
+    return rss, hwm, peak
+
+
 def machine():
     cpu = "unknown CPU"
     try:
@@ -273,6 +308,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=100, help="interleaved rounds (default 100, at least 30)")
     ap.add_argument("--bin", default=str(REPO / "target/release/leasectl"), help="leasectl binary")
     ap.add_argument(
+        "--baseline",
+        help="another leasectl build (e.g. the last release) measured in the same rounds; bench/compare builds one",
+    )
+    ap.add_argument(
         "--etcd-endpoint",
         help="an etcd to measure etcdctl against (host:port); default: start one on spare ports",
     )
@@ -282,15 +321,25 @@ def main():
     binary = Path(args.bin)
     if not binary.is_file():
         sys.exit(f"run-overhead: {binary} not found; build it first: cargo build --release")
+    baseline = Path(args.baseline) if args.baseline else None
+    if baseline and not baseline.is_file():
+        sys.exit(f"run-overhead: --baseline {baseline} not found")
     for tool in ("psql", "flock"):
         if not shutil.which(tool):
             sys.exit(f"run-overhead: {tool} is not installed")
 
     schema = "bench_" + secrets.token_hex(6)
     leasectl = [str(binary), "--schema", schema]
+    base_schema = schema + "_base"
+    base = [str(baseline), "--schema", base_schema] if baseline else None
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
+    base_version = (
+        subprocess.run([str(baseline), "--version"], capture_output=True, text=True).stdout.strip() if baseline else None
+    )
     info = machine()
     print(f"{version}; PostgreSQL {info['postgres']}; {info['nproc']} cores ({info['cpu']}); Linux {info['kernel']}")
+    if baseline:
+        print(f"baseline: {base_version} ({baseline}), schema {base_schema}")
     print(f"schema {schema}, {args.rounds} interleaved rounds\n")
 
     holder = None
@@ -303,6 +352,8 @@ def main():
             ("psql", ["psql", "-qAtc", "select 1"], 0),
             ("flock", ["flock", "-n", lockfile, "true"], 0),
         ]
+        if base:
+            candidates.append(("baseline", base + ["run", "--target", "t", "--", "true"], 0))
         psql_bin = real_psql()
         if psql_bin:
             candidates.append(("psql-bin", [psql_bin, "-qAtc", "select 1"], 0))
@@ -392,6 +443,12 @@ def main():
                 peak_kib = max_rss_kib(f.read())
         peak_mib = peak_kib / 1024 if peak_kib else None
 
+        base_rss = None
+        if base:
+            base_rss = holding_rss(base, baseline, timer, tmp.name)
+            print(f"Holding baseline: VmRSS {base_rss[0]:.2f} MiB, VmHWM {base_rss[1]:.2f} MiB"
+                  + (f", peak {base_rss[2]:.2f} MiB" if base_rss[2] is not None else ""))
+
         same = f"psql {busy_psql:.2f} ms" + (f", psql-bin {busy_psql_bin:.2f} ms" if psql_bin else "")
         print(f"\nBusy answer (exit 75): median {busy:.2f} ms ({same} in the same rounds)")
         print(f"Holding leasectl (pid of leasectl, not its child): VmRSS {rss_mib:.2f} MiB, VmHWM {hwm_mib:.2f} MiB")
@@ -420,6 +477,14 @@ def main():
                 f"| leasectl/psql-bin = **{r_bin:.3f}** | ≤ {GOAL_VS_PSQL} — {verdict(r_bin, GOAL_VS_PSQL)} |"
             )
         lines.append(f"| `flock -n FILE true` | {med['flock']:.2f} ms | leasectl/flock = {r_flock:.2f} | (reference only) |")
+        if base:
+            r_base = ratio(med["leasectl"], med["baseline"])
+            paired = median([a / b for a, b in zip(times["leasectl"], times["baseline"]) if b])
+            lines.append(
+                f"| baseline `run --target t -- true` ({base_version}) | {med['baseline']:.2f} ms "
+                f"| leasectl/baseline = **{r_base:.3f}** (paired, per round: {paired:.3f}) "
+                f"| ≤ {GOAL_VS_BASELINE} — {verdict(r_base, GOAL_VS_BASELINE)} |"
+            )
         if etcd:
             r_etcd = ratio(med["leasectl"], med["etcdctl"])
             lines.append(
@@ -440,6 +505,13 @@ def main():
             + verdict(max(rss_mib, hwm_mib, peak_mib or 0), GOAL_RSS_MIB)
             + " |",
         ]
+        if base_rss:
+            b_peak = base_rss[2]
+            lines.append(
+                f"| holding baseline, VmRSS / VmHWM / peak RSS | {base_rss[0]:.2f} / {base_rss[1]:.2f} / "
+                + (f"{b_peak:.2f}" if b_peak is not None else "n/a")
+                + f" MiB | leasectl/baseline peak = {ratio(peak_mib or hwm_mib, b_peak or base_rss[1]):.2f} | |"
+            )
         print("\n----- summary (paste into docs/BENCHMARKS.md) -----")
         print("\n".join(lines))
         print("----- end of summary -----")
@@ -453,6 +525,8 @@ def main():
         if etcd_server is not None:
             etcd_server.stop()
         psql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', check=False)
+        if base:
+            psql(f'DROP SCHEMA IF EXISTS "{base_schema}" CASCADE', check=False)
         tmp.cleanup()
 
 

@@ -56,7 +56,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l wait-notice -d
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l label -d 'Shown with this caller wherever holders and waiters are (busy lines, status, runs): a commit SHA, a pipeline URL; at most 200 characters, no control characters' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l max-holders -d 'Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of the first holder stands until none is left' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l busy-exit-code -d 'Exit code when another holder has the lease' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l heartbeat -d 'Renewal interval [default: TTL/4]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l heartbeat -d 'Renewal interval, at least 10ms and TTL/1000 [default: TTL/4]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l token -d 'Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command runs, store the run with the same fenced save, keep the lease afterwards; 76 if the token no longer holds TARGET, 75 while another step runs (--wait waits for it)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l reuse-within -d 'Reuse the stored stdout of a successful run that finished less than DUR ago' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l timeout -d 'Stop the command after DUR and exit 124' -r
@@ -64,7 +64,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l kill-after -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 'Type of the outbox event stored with the result' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l events-limit -d 'Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores the run without any of them and exits 65' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly): a caller whose slot any host already did, or is doing, records a skip and exits 0' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly, @yearly, @annually): a caller whose slot any host already did, or is doing, records a skip and exits 0' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin) [default: UTC]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-skew -d 'How early a caller may fire and still belong to the coming slot [default: 1m, or a quarter of the schedule\'s shortest interval if less]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done, or being done' -r

@@ -19,7 +19,7 @@ coordinator: a fenced heartbeat lease, a stored result and a transactional outbo
 const AFTER_HELP: &str = "\
 Examples:
   leasectl run --target nightly-report -- ./report.sh
-  leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token
+  leasectl run --target oauth --ttl 20s --wait=30s --reuse-within 5m -- ./refresh-token
   leasectl status
   leasectl doctor --ttl 2m --sink amqp://guest:guest@localhost/%2f
   leasectl runs --target nightly-report --limit 5
@@ -38,6 +38,68 @@ $LEASECTL_EVENTS were refused; 69 database unavailable; 70 internal error; 75 bu
 /// (build.rs), so a binary found on a host can be traced to its source.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("BUILT_FROM_COMMIT"));
 
+/// The command line with a negative value attached to its flag: `--ttl -5s` becomes
+/// `--ttl=-5s`.
+///
+/// clap reads a word starting with `-` after a flag as another flag, and suggests `-- -5s`,
+/// which would turn the value into the command. Attached, the value reaches the flag's own
+/// parser, which says what the flag accepts. Only a word of the form `-<digit>…` right after a
+/// long flag that takes a value is attached, and nothing after `--` (the command's words) is
+/// touched, so `--ttl --heartbeat 1s` still says that --ttl lacks its value.
+pub fn attach_negative_values(args: Vec<OsString>) -> Vec<OsString> {
+    let negative = |a: &OsString| {
+        let b = a.as_encoded_bytes();
+        b.len() > 1 && b[0] == b'-' && b[1].is_ascii_digit()
+    };
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    if !args[..end].iter().any(negative) {
+        return args;
+    }
+    let takes_value = flags_taking_a_value();
+    let mut out = Vec::with_capacity(args.len());
+    let mut words = args.into_iter().enumerate().peekable();
+    while let Some((i, a)) = words.next() {
+        let flag = a
+            .to_str()
+            .and_then(|a| a.strip_prefix("--"))
+            .filter(|f| i < end && takes_value.iter().any(|t| t == f));
+        match (flag, words.peek()) {
+            (Some(_), Some((j, next))) if *j < end && negative(next) => {
+                let mut joined = a.clone();
+                joined.push("=");
+                joined.push(next);
+                out.push(joined);
+                words.next();
+            }
+            _ => out.push(a),
+        }
+    }
+    out
+}
+
+/// The long flags, in any command, that take one value as the next word (not those, like
+/// `--wait`, whose value must be attached with `=`).
+fn flags_taking_a_value() -> Vec<String> {
+    use clap::CommandFactory;
+    fn walk(cmd: &clap::Command, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let takes = arg.get_num_args().is_some_and(|n| n.min_values() > 0);
+            if let (Some(long), true, false) = (arg.get_long(), takes, arg.is_require_equals_set())
+            {
+                out.push(long.to_owned());
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            walk(sub, out);
+        }
+    }
+    let mut cli = Cli::command();
+    cli.build();
+    let mut out = Vec::new();
+    walk(&cli, &mut out);
+    out
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "leasectl", version = VERSION, about = ABOUT, after_help = AFTER_HELP)]
 #[command(propagate_version = true, max_term_width = 100)]
@@ -49,6 +111,10 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The heading of the options every command takes (connection, schema, -v), listed after a
+/// command's own.
+const GLOBAL: &str = "Global options";
+
 /// Connection options, accepted before or after the subcommand.
 #[derive(Debug, Args, Clone)]
 pub struct DbArgs {
@@ -58,16 +124,18 @@ pub struct DbArgs {
         global = true,
         env = "DATABASE_URL",
         hide_env_values = true,
-        value_name = "URL"
+        value_name = "URL",
+        help_heading = GLOBAL
     )]
     pub database_url: Option<String>,
 
     /// Schema holding leasectl's tables (letters, digits, underscore; at most 48 bytes)
-    #[arg(long, global = true, default_value = "leasectl", value_parser = parse_schema, value_name = "NAME")]
+    #[arg(long, global = true, default_value = "leasectl", value_parser = parse_schema, value_name = "NAME",
+          help_heading = GLOBAL)]
     pub schema: String,
 
     /// Log lease transitions and retries to stderr
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     pub verbose: bool,
 }
 
@@ -188,11 +256,11 @@ Examples:
   leasectl run --target nightly-report -- ./report.sh --full
   leasectl run --target nightly --slot '0 2 * * *' --slot-tz Europe/Berlin -- ./nightly.sh
   leasectl run --target deploy --wait=10m --timeout 30m -- make deploy
-  leasectl run --target deploy --wait --queue latest --label \"$GITHUB_SHA\" -- make deploy
+  leasectl run --target deploy --wait --queue latest --label \"${GITHUB_SHA:-local}\" -- make deploy
   leasectl run --target licence-pool --max-holders 6 --wait -- ./build
-  leasectl run --target preview-42 --replace --label \"$GITHUB_SHA\" -- ./deploy-preview
+  leasectl run --target preview-42 --replace --label \"${GITHUB_SHA:-local}\" -- ./deploy-preview
   leasectl run --target deploy --token \"$LEASECTL_TOKEN\" -- ./migrate
-  TOKEN=$(leasectl run --target oauth --wait=30s --reuse-within 5m -- ./refresh-token)
+  TOKEN=$(leasectl run --target oauth --ttl 20s --wait=30s --reuse-within 5m -- ./refresh-token)
 
 Exit codes: the child's (128+N if killed by signal N); 75 busy (or --wait ran out; with --token:
 another step runs); 76 lease lost, replaced or (with --token) no longer held (or ran out before the start); 124 --timeout; 126/127 not executable / not found; 128+N leasectl got signal N;
@@ -204,14 +272,14 @@ pub struct RunArgs {
     #[command(flatten)]
     pub lease: LeaseArgs,
 
-    /// Renewal interval [default: TTL/4]
+    /// Renewal interval, at least 10ms and TTL/1000 [default: TTL/4]
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
     pub heartbeat: Option<Duration>,
 
     /// Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command
     /// runs, store the run with the same fenced save, keep the lease afterwards; 76 if the
     /// token no longer holds TARGET, 75 while another step runs (--wait waits for it)
-    #[arg(long, value_name = "TOKEN",
+    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token,
           conflicts_with_all = ["ttl", "heartbeat", "queue", "replace", "max_holders", "label",
                                 "reuse_within", "slot"])]
     pub token: Option<uuid::Uuid>,
@@ -249,8 +317,8 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_byte_size, default_value = "10MiB", value_name = "BYTES")]
     pub events_limit: usize,
     /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
-    /// @monthly): a caller whose slot any host already did, or is doing, records a skip and
-    /// exits 0
+    /// @monthly, @yearly, @annually): a caller whose slot any host already did, or is doing,
+    /// records a skip and exits 0
     #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
@@ -269,7 +337,8 @@ pub struct RunArgs {
     pub until_success: bool,
 
     /// Exit code of a caller that finds its slot already done, or being done
-    #[arg(long, default_value_t = 0, value_name = "N", requires = "slot")]
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "slot",
+          value_parser = crate::config::parse_exit_code)]
     pub done_exit_code: u8,
 
     /// The command and its arguments, after `--`
@@ -324,7 +393,7 @@ pub struct RenewArgs {
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
     /// The token `acquire` printed
-    #[arg(long, value_name = "TOKEN")]
+    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token)]
     pub token: uuid::Uuid,
     /// From now on, the lease expires when not renewed for this long [default: its TTL]
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
@@ -379,7 +448,8 @@ pub struct LeaseArgs {
     pub replace: bool,
 
     /// Exit code when another holder has the lease
-    #[arg(long, default_value_t = 75, value_name = "N")]
+    #[arg(long, default_value_t = 75, value_name = "N",
+          value_parser = crate::config::parse_exit_code)]
     pub busy_exit_code: u8,
 }
 
@@ -824,7 +894,7 @@ pub struct ReleaseArgs {
     #[arg(long)]
     pub force: bool,
     /// End the lease this token holds (printed by `acquire`); exit 76 if it no longer does
-    #[arg(long, value_name = "TOKEN")]
+    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token)]
     pub token: Option<uuid::Uuid>,
     /// Return once the lease is broken, without waiting for a holder whose command still runs
     /// (a --force'd holder, or a step running under --token) to stop

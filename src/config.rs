@@ -22,22 +22,66 @@ pub const MAX_SCHEMA_BYTES: usize = 48;
 /// it caps at 1 GiB, so each stream gets at most a quarter of that (room for the rest).
 pub const MAX_CAPTURE_LIMIT: usize = 256 << 20;
 
+/// The duration forms the help and the README use; every message about a bad duration names
+/// them, and only them.
+const DURATION_FORMS: &str = "e.g. 500ms, 30s, 2m, 1h, 1d or 1h30m";
+
 /// Parses `500ms`, `30s`, `2m`, `1h`, `1d` (and combinations such as `1h30m`).
+///
+/// Errors speak of those forms alone (humantime's own text suggests `30sec`, a unit the
+/// documentation never uses), and a negative value is named as such: the flags that take a
+/// duration accept a leading `-` as a value so that it reaches this parser instead of being read
+/// as another flag.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.is_empty() {
-        return Err("empty duration (expected e.g. 500ms, 30s, 2m, 1h, 1d)".into());
+        return Err(format!("empty duration (expected {DURATION_FORMS})"));
+    }
+    if t.starts_with('-') && t[1..].starts_with(|c: char| c.is_ascii_digit()) {
+        return Err(format!(
+            "'{t}' is negative (a duration is 0 or more, {DURATION_FORMS})"
+        ));
     }
     if t.chars().all(|c| c.is_ascii_digit()) {
         return Err(format!("'{t}' has no unit (expected e.g. {t}s or {t}ms)"));
     }
-    let d = humantime::parse_duration(t).map_err(|e| {
-        format!("'{t}' is not a duration ({e}; expected e.g. 500ms, 30s, 2m, 1h, 1d)")
+    let d = humantime::parse_duration(t).map_err(|e| match e {
+        humantime::DurationError::UnknownUnit { unit, value, .. } if unit.is_empty() => {
+            format!("'{t}' is not a duration: {value} has no unit (units ms, s, m, h, d; {DURATION_FORMS})")
+        }
+        humantime::DurationError::UnknownUnit { unit, .. } => {
+            format!("'{t}' is not a duration: '{unit}' is not a unit (units ms, s, m, h, d; {DURATION_FORMS})")
+        }
+        humantime::DurationError::NumberOverflow => {
+            format!("'{t}' is too long (at most 100 years)")
+        }
+        _ => format!("'{t}' is not a duration (expected {DURATION_FORMS})"),
     })?;
     if d > MAX_DURATION {
         return Err(format!("'{t}' is too long (at most 100 years)"));
     }
     Ok(d)
+}
+
+/// A lease token (`--token`): the UUID `acquire` printed as LEASECTL_TOKEN.
+pub fn parse_token(s: &str) -> Result<uuid::Uuid, String> {
+    const WHAT: &str =
+        "a token is the UUID `leasectl acquire` printed as LEASECTL_TOKEN, e.g. 0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11";
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(format!("the token is empty ({WHAT}; is the variable set?)"));
+    }
+    t.parse()
+        .map_err(|_| format!("'{t}' is not a token ({WHAT})"))
+}
+
+/// An exit code for `--busy-exit-code` / `--done-exit-code`: 0 to 255.
+pub fn parse_exit_code(s: &str) -> Result<u8, String> {
+    s.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u8::try_from(n).ok())
+        .ok_or_else(|| format!("'{s}' is not an exit code (0 to 255)"))
 }
 
 /// The longest duration any flag takes. Bounding them at parse time keeps every sum with an
@@ -69,7 +113,9 @@ pub fn parse_wait(s: &str) -> Result<Wait, String> {
     }
 }
 
-/// A target is 1–200 Unicode scalar values, none of them control characters.
+/// A target is 1–200 Unicode scalar values, none of them control characters, with no white
+/// space at either end: `' deploy'` would be another target than `deploy` that looks the same
+/// in every table and message.
 pub fn parse_target(s: &str) -> Result<String, String> {
     let n = s.chars().count();
     if n == 0 {
@@ -82,6 +128,15 @@ pub fn parse_target(s: &str) -> Result<String, String> {
     }
     if let Some(c) = s.chars().find(|c| c.is_control()) {
         return Err(format!("the target contains the control character {:?}", c));
+    }
+    if s.trim().is_empty() {
+        return Err("the target is only white space (it needs a visible character)".into());
+    }
+    if s.trim() != s {
+        return Err(format!(
+            "the target '{s}' begins or ends with white space (it would be another target than '{}')",
+            s.trim()
+        ));
     }
     Ok(s.to_owned())
 }
@@ -367,6 +422,13 @@ impl RunConfig {
     }
 }
 
+/// The shortest `--heartbeat` for a TTL: 10ms, and a thousandth of the TTL. A renewal is a
+/// database round trip; a thousand of them per TTL buys no safety (two per TTL are enough to
+/// survive a missed one) and only loads the database.
+pub fn heartbeat_floor(ttl: Duration) -> Duration {
+    (ttl / 1000).max(Duration::from_millis(10))
+}
+
 /// The heartbeat interval and the kill grace for a TTL — given, or the defaults (TTL/4, and
 /// min(10s, TTL/10)) — checked to fit in it.
 pub fn times(
@@ -384,6 +446,15 @@ pub fn times(
     let kill_after = kill_after.unwrap_or_else(|| Duration::from_secs(10).min(ttl / 10));
     if heartbeat.is_zero() {
         return Err(usage("--heartbeat must be longer than 0"));
+    }
+    let floor = heartbeat_floor(ttl);
+    if heartbeat < floor {
+        return Err(usage(format!(
+            "--heartbeat {} is too short for --ttl {} (at least {}: 10ms, and TTL/1000)",
+            crate::fmt::duration(heartbeat),
+            crate::fmt::duration(ttl),
+            crate::fmt::duration(floor),
+        )));
     }
     // The holder must be able to miss one heartbeat, notice at the next, and still have the
     // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. SPEC makes anything
@@ -445,7 +516,54 @@ mod tests {
     }
 
     #[test]
+    fn duration_errors_use_leasectls_forms() {
+        assert!(parse_duration("-5s").unwrap_err().contains("negative"));
+        assert!(parse_duration("1h30")
+            .unwrap_err()
+            .contains("30 has no unit"));
+        assert!(parse_duration("5x")
+            .unwrap_err()
+            .contains("'x' is not a unit"));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_token("").unwrap_err().contains("empty"));
+        assert!(parse_token("x").unwrap_err().contains("LEASECTL_TOKEN"));
+        assert!(parse_token("0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11").is_ok());
+        assert_eq!(parse_exit_code("255"), Ok(255));
+        assert!(parse_exit_code("-1").is_err());
+        assert!(parse_exit_code("256").is_err());
+    }
+
+    #[test]
+    fn heartbeats_have_a_floor() {
+        assert_eq!(
+            heartbeat_floor(Duration::from_secs(1)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            heartbeat_floor(Duration::from_secs(3600)),
+            Duration::from_millis(3600)
+        );
+        let hb = |ttl: u64, hb: u64| {
+            times(
+                Duration::from_millis(ttl),
+                Some(Duration::from_millis(hb)),
+                None,
+            )
+        };
+        assert!(hb(3_600_000, 3_599).is_err());
+        assert!(hb(3_600_000, 3_600).is_ok());
+        assert!(hb(1_000, 9).is_err());
+        assert!(hb(1_000, 10).is_ok());
+        // The default, TTL/4, is always above it.
+        assert!(times(Duration::from_millis(100), None, None).is_ok());
+    }
+
+    #[test]
     fn targets() {
+        assert!(parse_target(" leading").is_err());
+        assert!(parse_target("trailing\u{a0}").is_err());
+        assert!(parse_target("  ").unwrap_err().contains("only white space"));
+        assert!(parse_target("in between").is_ok());
         assert!(parse_target("").is_err());
         assert!(parse_target(&"x".repeat(201)).is_err());
         assert!(parse_target(&"é".repeat(200)).is_ok());

@@ -37,6 +37,27 @@ pub fn one_line(text: &str, max: usize) -> String {
     }
 }
 
+/// `text` cut to at most `max` terminal columns, the cut marked with `…` (which takes one of
+/// them); text that fits is returned as it is.
+pub fn cut_to_width(text: &str, max: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
+    if text.width() <= max {
+        return text.to_owned();
+    }
+    let mut out = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w + 1 > max {
+            break;
+        }
+        used += w;
+        out.push(c);
+    }
+    out.push('…');
+    out
+}
+
 /// Milliseconds from the database as a duration (negative values clamp to zero).
 pub fn millis(ms: i64) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
@@ -99,6 +120,16 @@ mod tests {
         assert_eq!(one_line("a\n\n  b\tc\u{7}", 10), "a b c");
         assert_eq!(one_line("abcdef", 3), "abc…");
         assert_eq!(one_line("äöü", 3), "äöü");
+    }
+
+    #[test]
+    fn cut_to_width_counts_columns() {
+        assert_eq!(cut_to_width("short", 10), "short");
+        assert_eq!(cut_to_width("exactly-10", 10), "exactly-10");
+        assert_eq!(cut_to_width("abcdefghijk", 10), "abcdefghi…");
+        // Wide characters take two columns: four of them and the ellipsis fill nine.
+        assert_eq!(cut_to_width("日本日本日本", 10), "日本日本…");
+        assert!(cut_to_width(&"x".repeat(200), 40).width() <= 40);
     }
 
     #[test]

@@ -8,7 +8,8 @@ use leasectl::cli::Cli;
 use leasectl::exit::Exit;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args = leasectl::cli::attach_negative_values(std::env::args_os().collect());
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
@@ -77,6 +78,14 @@ fn clap_error(e: clap::Error) -> ExitCode {
             let body = text.split("\nUsage:").next().unwrap_or(&text);
             let body = body.split("\nFor more information").next().unwrap_or(body);
             let body = body.trim().trim_start_matches("error:").trim();
+            // clap's "to pass '-5' as a value, use '-- -5'" would make the value the command's
+            // first word; the hint below says what to write instead.
+            let body: String = body
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("tip: to pass"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let body = body.as_str();
             match typo_hint(&e, &std::env::args().collect::<Vec<_>>()) {
                 Some(hint) => leasectl::say!("{}; {hint} (see --help)", one_line(body)),
                 None => leasectl::say!("{} (see --help)", one_line(body)),
@@ -97,7 +106,11 @@ fn typo_hint(e: &clap::Error, args: &[String]) -> Option<String> {
     let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
         return None;
     };
-    let at = args.iter().position(|a| a == bad)?;
+    // A word clap split into short flags (`-5s`) is named by its first one (`-5`).
+    let at = args
+        .iter()
+        .position(|a| a == bad || (bad.starts_with('-') && a.starts_with(bad.as_str())))?;
+    let bad = &args[at];
     if at > 0 && args[at - 1] == "--wait" {
         return Some(format!(
             "write --wait={bad}: --wait takes its limit after '=' (alone it waits forever)"

@@ -69,7 +69,7 @@ fn describe(e: &Expectation) -> String {
     }
     let grace = match e.grace_ms {
         Some(g) => format!("grace {}", d(g)),
-        None => "grace a tenth of the interval, at most 1h".into(),
+        None => default_grace(e),
     };
     if parts.is_empty() {
         // Only --grace: it waits for a schedule from `run --slot`.
@@ -79,4 +79,28 @@ fn describe(e: &Expectation) -> String {
         parts.push(grace);
     }
     parts.join(", ")
+}
+
+/// The grace in force without --grace, as a value: a tenth of --every, and of each slot of the
+/// schedule, at most 1h (see [`crate::health::default_grace`]).
+fn default_grace(e: &Expectation) -> String {
+    let every = e
+        .every_ms
+        .map(|ms| fmt::duration(crate::health::default_grace(fmt::millis(ms))));
+    // A schedule's slots may differ in length (`0 9 * * 1-5`): the grace of its shortest, named
+    // as such unless it is already the cap, which every longer slot gets too.
+    let slot = e.schedule.as_deref().and_then(|expr| {
+        let schedule = crate::health::Schedule::new(expr, e.schedule_tz.as_deref()).ok()?;
+        let g = crate::health::default_grace(schedule.shortest_interval());
+        Some(if g >= crate::health::MAX_DEFAULT_GRACE {
+            fmt::duration(g)
+        } else {
+            format!("{} (a tenth of its shortest slot)", fmt::duration(g))
+        })
+    });
+    match (every, slot) {
+        (Some(every), Some(slot)) => format!("grace {every} for --every, {slot} for a slot"),
+        (Some(g), None) | (None, Some(g)) => format!("grace {g}"),
+        (None, None) => "grace a tenth of the interval, at most 1h".into(),
+    }
 }

@@ -2,6 +2,7 @@
 //! outbox backlog.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 
 use anyhow::Result;
 use serde_json::{json, Value};
@@ -12,6 +13,10 @@ use crate::fmt;
 use crate::health;
 use crate::store::leases::TargetStatus;
 use crate::store::{leases, outbox, waiters};
+
+/// The widest TARGET or HOLDER cell on a terminal, in columns (targets and labels may be 200
+/// characters long).
+const TERMINAL_CELL_WIDTH: usize = 40;
 
 pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
     let db = super::connect(db).await?;
@@ -168,14 +173,16 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 format!("{} ({})", w.health, w.by.join(", "))
             });
             let Some(t) = t else {
+                // Watched before its first run: free, nobody waiting, fence 0 (as in --json:
+                // the first acquisition gets 1), no TTL, no heartbeat, no run.
                 let dash = || "-".to_owned();
                 return vec![
                     name.clone(),
                     "free".into(),
                     health,
                     dash(),
-                    dash(),
-                    dash(),
+                    "0".into(),
+                    "0".into(),
                     dash(),
                     dash(),
                     dash(),
@@ -239,6 +246,20 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
             ]
         })
         .collect();
+    // On a terminal, one long target or label must not make every line wrap: those cells are
+    // cut with an ellipsis. A pipe gets them whole (and --json always does).
+    let rows = if std::io::stdout().is_terminal() {
+        rows.into_iter()
+            .map(|mut row| {
+                for col in [0, 3] {
+                    row[col] = fmt::cut_to_width(&row[col], TERMINAL_CELL_WIDTH);
+                }
+                row
+            })
+            .collect()
+    } else {
+        rows
+    };
     let mut out = if rows.is_empty() {
         match &args.target {
             Some(t) => format!("no lease has ever been taken on '{t}'\n"),

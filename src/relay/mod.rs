@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Order, Settle};
+use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Order, Reach, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use liveness::{best_effort, bounded, Lost, Open};
 use metrics::Metrics;
@@ -137,6 +137,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         metrics,
         reach_at: None,
         reach_next: true,
+        reach_windows: 1,
         held: None,
         held_at: None,
         held_warned: None,
@@ -213,6 +214,9 @@ struct Relay {
     /// When the claim last looked past its window, and whether the next one should.
     reach_at: Option<Instant>,
     reach_next: bool,
+    /// How many windows' worth of other aggregates' events the next look past the window
+    /// takes in ([`Reach`]): doubled after every look that still left the batch short.
+    reach_windows: u32,
     /// `--order commit`: the horizon committed events wait behind, and since when this relay
     /// has seen it unchanged; when it last looked, and last warned.
     held: Option<(i64, Instant)>,
@@ -564,7 +568,7 @@ impl Relay {
                 let sent = Instant::now();
                 let claim = outbox::claim(&db.client, &db.schema, limits, reach, None, self.idle);
                 let (claimed, idle) = bounded(d, "the claim", claim).await?;
-                self.reach_next = reach_next(self.cfg.batch, &claimed);
+                self.claimed(reach, &claimed);
                 Next {
                     conn: Conn::Main,
                     events: claimed,
@@ -593,7 +597,11 @@ impl Relay {
         } else {
             None
         };
-        let reach = next_on.is_some() && self.reach_now();
+        let reach = if next_on.is_some() {
+            self.reach_now()
+        } else {
+            Reach::None
+        };
         let publisher = Publisher {
             sink: &self.sink,
             parallel: self.parallel,
@@ -658,7 +666,8 @@ impl Relay {
         if let (Some(conn), Some((next, sent))) = (next_on, next) {
             match next {
                 Ok((next, idle)) => {
-                    self.reach_next = reach_next(self.cfg.batch, &next);
+                    (self.reach_next, self.reach_windows) =
+                        reach_after(self.cfg.batch, reach, self.reach_windows, &next);
                     ahead.next = Some(Next {
                         conn,
                         events: next,
@@ -773,12 +782,25 @@ impl Relay {
     /// finds something or the batches come back short (a burst, or heads that other relays
     /// hold). A relay draining one long chain in full batches looks once a second, so others
     /// that queue up behind it wait at most about that long.
-    fn reach_now(&mut self) -> bool {
+    ///
+    /// How far it looks grows while it keeps coming back short: the events just past the
+    /// window may all belong to aggregates whose heads other sessions hold (a relay's frozen
+    /// backends, another relay's batches, while writers add to those aggregates), and a look
+    /// of one window would then find them again and again and never the aggregates behind
+    /// them. Each short batch doubles it, up to the whole reach; a full one starts over.
+    fn reach_now(&mut self) -> Reach {
         let reach = self.reach_next || self.reach_at.is_none_or(|t| t.elapsed() >= REACH_EVERY);
-        if reach {
-            self.reach_at = Some(Instant::now());
+        if !reach {
+            return Reach::None;
         }
-        reach
+        self.reach_at = Some(Instant::now());
+        Reach::Windows(self.reach_windows)
+    }
+
+    /// After a claim that looked as far as `reach`: what the next one should do.
+    fn claimed(&mut self, reach: Reach, claimed: &[Claimed]) {
+        (self.reach_next, self.reach_windows) =
+            reach_after(self.cfg.batch, reach, self.reach_windows, claimed);
     }
 
     /// Whether the next batch can be claimed ahead on `conn`: the main connection is always
@@ -1126,6 +1148,21 @@ fn worth_claiming_ahead(took: Option<(Duration, Duration)>) -> bool {
 /// ([`Relay::reach_now`]): it came back short, or found something there.
 fn reach_next(batch: i64, claimed: &[Claimed]) -> bool {
     (claimed.len() as i64) < batch || claimed.iter().any(|c| c.reached)
+}
+
+/// After a claim that looked as far as `reach` (`windows` being what the relay had asked of
+/// looks past the window so far): whether the next claim should look past the window, and how
+/// much the next look takes in — twice as much after a look that still left the batch short,
+/// one window again after a full batch (see `Relay::reach_now`).
+fn reach_after(batch: i64, reach: Reach, windows: u32, claimed: &[Claimed]) -> (bool, u32) {
+    let windows = match reach {
+        Reach::Windows(n) if (claimed.len() as i64) < batch => {
+            n.saturating_mul(2).min(outbox::REACH_FACTOR)
+        }
+        Reach::Windows(_) => 1,
+        Reach::None => windows,
+    };
+    (reach_next(batch, claimed), windows)
 }
 
 /// A backend for a warning: `backend 1234 (application "psql", idle in transaction, transaction

@@ -61,7 +61,7 @@ impl Schedule {
     /// Parses `expr` in `zone` (UTC when `None`). A schedule that never fires is refused too.
     pub fn new(expr: &str, zone: Option<&str>) -> Result<Schedule, String> {
         let expr = expr.trim();
-        let shape = "expected 5 fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly";
+        let shape = "expected 5 fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly, @yearly, @annually";
         let fields = expr.split_whitespace().count();
         let nickname = expr.starts_with('@');
         if nickname && fields != 1 || !nickname && fields != 5 {

@@ -904,7 +904,10 @@ pub async fn renew(
         .map(|r| (r.get("fence"), crate::fmt::millis(r.get("ttl_ms")))))
 }
 
-/// Why `token` does not hold a live lease of `target`, for the one line that says so.
+/// Why `token` does not hold a live lease of `target`, for the one line that says so: which of
+/// the things that end a lease happened, as the target's rows show it — the token's place is
+/// still there but expired; a `--replace` took it (the place remembers the token it preempted);
+/// nobody holds the target any more (released); or another holder has it now (taken).
 pub async fn why_not_held(
     client: &Client,
     schema: &Schema,
@@ -913,22 +916,103 @@ pub async fn why_not_held(
 ) -> Result<String> {
     let sql = sql(
         schema,
-        "SELECT {expired} AS expired, {heartbeat_age_ms} AS age_ms, l.ttl_ms
-           FROM {s}.leases l WHERE l.target = $1 AND l.token = $2",
+        "SELECT l.token IS NOT DISTINCT FROM $2 AS mine, l.token IS NOT NULL AS held,
+                l.preempted_token IS NOT DISTINCT FROM $2 AS preempted_me,
+                {expired} AS expired, {heartbeat_age_ms} AS age_ms, l.ttl_ms,
+                l.holder_host, l.holder_pid, l.holder_label, l.fence
+           FROM {s}.leases l WHERE l.target = $1
+          ORDER BY l.place",
     );
     let rows = client
         .query_typed(&sql, &[(&target, Type::TEXT), (&token, Type::UUID)])
         .await
         .context("cannot read the lease")?;
-    Ok(match rows.first() {
-        Some(r) => format!(
+    let holder = |r: &tokio_postgres::Row| {
+        format!(
+            "{} (fence {})",
+            who(
+                r.get("holder_host"),
+                r.get("holder_pid"),
+                r.get("holder_label")
+            ),
+            r.get::<_, i64>("fence")
+        )
+    };
+    let held: Vec<_> = rows.iter().filter(|r| r.get::<_, bool>("held")).collect();
+    if let Some(r) = rows.iter().find(|r| r.get::<_, bool>("mine")) {
+        return Ok(format!(
             "the lease on '{target}' expired (last heartbeat {} ago, ttl {})",
             crate::fmt::duration(crate::fmt::millis(r.get("age_ms"))),
             crate::fmt::duration(crate::fmt::millis(r.get("ttl_ms")))
+        ));
+    }
+    if let Some(r) = rows.iter().find(|r| r.get::<_, bool>("preempted_me")) {
+        return Ok(if r.get::<_, bool>("held") {
+            format!(
+                "the lease on '{target}' was replaced: --replace of {} took it",
+                holder(r)
+            )
+        } else {
+            format!("the lease on '{target}' was replaced by a --replace (since released)")
+        });
+    }
+    Ok(match held.as_slice() {
+        [] if rows.len() == 1 => released_or_taken_since(client, schema, target, token, &rows[0])
+            .await?
+            .unwrap_or_else(|| {
+                format!("the lease on '{target}' was released ('{target}' is free now)")
+            }),
+        [] => format!("the lease on '{target}' was released ('{target}' is free now)"),
+        [r] if rows.len() == 1 => format!(
+            "the lease on '{target}' was taken by {}",
+            holder(r)
         ),
-        None => format!(
-            "this token does not hold '{target}' (released, expired and taken, or replaced)"
+        others => format!(
+            "this token holds no place of '{target}' any more: it was released or taken ({} of {} places are held by others)",
+            others.len(),
+            rows.len()
         ),
+    })
+}
+
+/// For a free target: whether the last acquisition was someone else's — a run stored under the
+/// row's fence with another token, or one of ours under an older fence — so the lease was
+/// taken (after it expired or was released) and released since, not merely released.
+async fn released_or_taken_since(
+    client: &Client,
+    schema: &Schema,
+    target: &str,
+    token: Uuid,
+    row: &tokio_postgres::Row,
+) -> Result<Option<String>> {
+    let fence: i64 = row.get("fence");
+    let sql = sql(
+        schema,
+        "SELECT (SELECT max(r.fence) FROM {s}.runs r WHERE r.target = $1 AND r.token = $2) AS mine,
+                (SELECT r.host || ' pid ' || r.pid FROM {s}.runs r
+                  WHERE r.target = $1 AND r.fence = $3 AND r.token <> $2 LIMIT 1) AS other",
+    );
+    let rows = client
+        .query_typed(
+            &sql,
+            &[
+                (&target, Type::TEXT),
+                (&token, Type::UUID),
+                (&fence, Type::INT8),
+            ],
+        )
+        .await
+        .context("cannot read the runs")?;
+    let (mine, other): (Option<i64>, Option<String>) = rows
+        .first()
+        .map_or((None, None), |r| (r.get("mine"), r.get("other")));
+    let taken = |by: String| {
+        format!("the lease on '{target}' was taken by {by}, which has released it since ('{target}' is free now)")
+    };
+    Ok(match (other, mine) {
+        (Some(who), _) => Some(taken(format!("{who} (fence {fence})"))),
+        (None, Some(m)) if m < fence => Some(taken(format!("another holder (fence {fence})"))),
+        _ => None,
     })
 }
 

@@ -119,14 +119,26 @@ const WINDOW_FACTOR: i64 = 2;
 /// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it. The look
 /// costs a scan of up to that many rows, so the relay asks for it ([`claim`]'s `reach`) only
 /// when it may find something: see `Relay::batch`.
-const REACH_FACTOR: i64 = 100;
+pub const REACH_FACTOR: u32 = 100;
+
+/// How far a claim looks past its window (step 3 of the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Not at all: the window only.
+    None,
+    /// Through up to [`REACH_FACTOR`] windows of events, taking in the events of up to this
+    /// many windows' worth (at least 1, at most [`REACH_FACTOR`]) of aggregates the first
+    /// window does not hold.
+    Windows(u32),
+}
 
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
 /// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
 /// many events past the window to look through for other aggregates' heads, `$5` = the batch's
 /// payload bytes (`--batch-bytes`), `$6` = the `seq`s of a batch this relay holds on another
 /// connection, to count as gone (a claim ahead; empty otherwise), `$7` = whether the first event
-/// is taken whatever its size (not when claiming ahead). Placeholders for the order ([`Order`]): `{eligible}` (the
+/// is taken whatever its size (not when claiming ahead), `$8` = how many events past the window
+/// to take in (see [`Reach`]). Placeholders for the order ([`Order`]): `{eligible}` (the
 /// events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
 /// (past the first window), `{firsts:W}` (each aggregate's first event in window W).
 const CLAIM: &str = "
@@ -158,6 +170,8 @@ WITH win1 AS MATERIALIZED (
     -- nothing of this scan, so it is a one-time filter: otherwise the scan never runs. An
     -- aggregate absent from the window has all its events past it, so the first of its events
     -- seen here is its head, and its events here a prefix of its chain.
+    -- It takes in $8 of those events: one window's worth at first, more while the claims
+    -- that looked this far still came back short (their aggregates' heads were locked).
     SELECT p.seq, p.xid, p.aggregate_type, p.aggregate_id, p.size, p.packed
       FROM (SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
                    pg_column_size(o.payload) AS size,
@@ -172,7 +186,7 @@ WITH win1 AS MATERIALIZED (
             SELECT aggregate_type, aggregate_id FROM win1)
        AND {not_held:p}
      ORDER BY {key:p}
-     LIMIT $2
+     LIMIT $8
 ), firsts2 AS (
     {firsts:win2}
 ), heads2 AS (
@@ -405,7 +419,7 @@ pub struct ClaimLimits {
 /// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
 /// `idle` unless the session's own is shorter ([`SET_IDLE`]); all of it goes out together (one
 /// round trip). With `reach`, the claim may look past its window for other aggregates' heads
-/// (step 2 of the module documentation). With `after`, it claims the batch that follows that
+/// (step 3 of the module documentation), taking in as much as [`Reach`] says. With `after`, it claims the batch that follows that
 /// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
 /// documentation): its events count as gone, and the first event is taken only if it fits
 /// `limits.bytes` too, so the two batches together stay within it. Returns the events and the
@@ -415,7 +429,7 @@ pub async fn claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
-    reach: bool,
+    reach: Reach,
     after: Option<&[Claimed]>,
     idle: Duration,
 ) -> Result<(Vec<Claimed>, Duration), tokio_postgres::Error> {
@@ -439,6 +453,11 @@ pub async fn explain_claim(
     limits: ClaimLimits,
     reach: bool,
 ) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let reach = if reach {
+        Reach::Windows(1)
+    } else {
+        Reach::None
+    };
     let (rows, _) = begin_and_claim(
         client,
         schema,
@@ -460,7 +479,7 @@ async fn begin_and_claim(
     client: &Client,
     schema: &Schema,
     limits: ClaimLimits,
-    reach: bool,
+    reach: Reach,
     after: Option<&[Claimed]>,
     idle: Option<Duration>,
     prefix: &str,
@@ -472,10 +491,12 @@ async fn begin_and_claim(
         order,
     } = limits;
     let window = batch.saturating_mul(WINDOW_FACTOR);
-    let reach = if reach {
-        window.saturating_mul(REACH_FACTOR)
-    } else {
-        0
+    let (reach, taken_in) = match reach {
+        Reach::None => (0, window),
+        Reach::Windows(n) => (
+            window.saturating_mul(i64::from(REACH_FACTOR)),
+            window.saturating_mul(i64::from(n.clamp(1, REACH_FACTOR))),
+        ),
     };
     let claim = format!("{prefix}{}", order.claim_sql(schema));
     let gone: Vec<i64> = after
@@ -484,7 +505,7 @@ async fn begin_and_claim(
         .map(|c| c.event.seq)
         .collect();
     let first_always = after.is_none();
-    let params: [(&(dyn ToSql + Sync), Type); 7] = [
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
         (&up_to_seq, Type::INT8),
@@ -492,6 +513,7 @@ async fn begin_and_claim(
         (&bytes, Type::INT8),
         (&gone, Type::INT8_ARRAY),
         (&first_always, Type::BOOL),
+        (&taken_in, Type::INT8),
     ];
     let idle_ms = idle.map(ms);
     let set_idle = async {

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::faults::Inv;
-use crate::round::{slot_of, Kind, Outcome, LEFTOVER_SLACK};
+use crate::round::{slot_of, Kind, Outcome, LEFTOVER_SLACK, SLOT_PERIOD};
 use crate::scenario::Scenario;
 use crate::Ctx;
 
@@ -464,6 +464,18 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
                 .flatten()
                 .fold(f64::INFINITY, f64::min);
             let ended = o.observed.ended(&s0.id).unwrap_or(f64::INFINITY);
+            // The slot s0 is doing, as it decided it (by the database's clock when it checked its
+            // slot, after acquiring and before starting its command): its stored run says it;
+            // without one, only when its spawn and its command's start fall in one slot. Near a
+            // boundary the skew moves a caller into the next slot, whose contenders then find an
+            // earlier slot's run in progress — busy, rightly.
+            let s0_slot = runs
+                .iter()
+                .find(|r| i64_of(&r[5]) == s0.pid as i64 && r[10].is_some())
+                .map(|r| (f64_of(&r[10]) / SLOT_PERIOD).round() as i64)
+                .or_else(|| {
+                    (slot_of(s0.spawned) == slot_of(tree.start)).then(|| slot_of(tree.start))
+                });
             for c in o.contenders.iter().filter(|c| {
                 c.slot && c.id != s0.id && !c.waits && c.role != "late" && !c.disturbed()
             }) {
@@ -471,7 +483,7 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
                 let in_progress = tree.start <= c.spawned
                     && out <= tree.last_alive.min(ended)
                     && out < cutoff
-                    && slot_of(tree.start) == slot_of(c.spawned)
+                    && s0_slot == Some(slot_of(c.spawned))
                     && slot_of(c.spawned) == slot_of(out);
                 if !in_progress {
                     continue;

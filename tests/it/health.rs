@@ -320,6 +320,18 @@ fn each_health_state_shows_in_status_and_check() {
         };
         assert_eq!(cell, h, "{line}");
     }
+    // The table says what --json says of a target that never ran: fence 0, nobody waiting.
+    let header = table.lines().next().unwrap();
+    let never = table.lines().find(|l| l.starts_with("never ")).unwrap();
+    let cell = |name: &str| {
+        let at = header.find(name).unwrap();
+        never[at..].split("  ").next().unwrap().trim().to_owned()
+    };
+    assert_eq!(
+        (cell("FENCE"), cell("WAITERS"), cell("TTL")),
+        ("0".into(), "0".into(), "-".into()),
+        "{table}"
+    );
 
     let o = env.run(&["check"]);
     assert_eq!(code(&o), 1, "{}", stderr(&o));
@@ -548,4 +560,50 @@ fn relay_once_evaluates_once_and_publishes_what_it_opened_and_closed() {
         "{}",
         stdout(&o)
     );
+}
+
+/// Without --grace, `expect` says the grace that applies — a tenth of --every or of the
+/// schedule's slots, at most 1h — as a value, not as the rule.
+#[test]
+fn expect_prints_the_grace_it_will_apply() {
+    let env = Env::new();
+    let said = |args: &[&str]| {
+        let o = env.run(args);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        stdout(&o)
+    };
+    let out = said(&["expect", "--target", "hourly", "--every", "1h"]);
+    assert_eq!(
+        out,
+        "'hourly': expecting a successful run at least every 1h00m, grace 6m00s\n"
+    );
+    let out = said(&["expect", "--target", "daily", "--every", "1d"]);
+    assert!(out.ends_with(", grace 1h00m\n"), "{out}");
+    // A schedule from `run --slot`: a tenth of its slot.
+    let o = env.run(&[
+        "run",
+        "--target",
+        "five",
+        "--slot",
+        "*/5 * * * *",
+        "--",
+        "true",
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = said(&["expect", "--target", "five", "--max-duration", "1m"]);
+    assert!(
+        out.ends_with("grace 30.0s (a tenth of its shortest slot)\n"),
+        "{out}"
+    );
+    let out = said(&["expect", "--target", "five", "--every", "1h"]);
+    assert!(
+        out.ends_with("grace 6m00s for --every, 30.0s (a tenth of its shortest slot) for a slot\n"),
+        "{out}"
+    );
+    for out in [
+        &out,
+        &said(&["expect", "--target", "daily", "--every", "2d"]),
+    ] {
+        assert!(!out.contains("a tenth of the interval"), "{out}");
+    }
 }

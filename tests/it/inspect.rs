@@ -450,6 +450,64 @@ fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
     assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "2");
 }
 
+/// On a terminal, a 200-character target or label is cut with an ellipsis so the table stays
+/// readable; through a pipe (and in --json) every cell is whole.
+#[test]
+fn status_on_a_terminal_cuts_long_cells_and_a_pipe_gets_them_whole() {
+    let env = Env::new();
+    let target = format!("t{}", "x".repeat(199));
+    let label = format!("l{}", "y".repeat(199));
+    let o = env.run(&["run", "--target", &target, "--label", &label, "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = env.run(&["run", "--target", "short", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+
+    let piped = stdout(&env.run(&["status"]));
+    assert!(piped.contains(&target), "{piped}");
+
+    // `script` gives leasectl a pseudo-terminal as its stdout.
+    let bin = bin();
+    let argv = [
+        bin.to_str().unwrap(),
+        "--database-url",
+        &env.url,
+        "--schema",
+        &env.schema,
+        "status",
+    ];
+    let line = shlex::try_join(argv).unwrap();
+    let o = std::process::Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output_in_time();
+    assert_eq!(code(&o), 0, "script: {}", stderr(&o));
+    let shown = stdout(&o).replace('\r', "");
+    assert!(shown.contains("TARGET"), "{shown}");
+    assert!(!shown.contains(&target), "the target was not cut: {shown}");
+    let row = shown
+        .lines()
+        .find(|l| l.starts_with("txxx"))
+        .unwrap_or_else(|| panic!("no row for the long target: {shown}"));
+    assert!(row.contains("xxx… "), "{row}");
+    for l in shown.lines() {
+        assert!(
+            unicode_width::UnicodeWidthStr::width(l) < 160,
+            "a line {} columns wide: {l}",
+            unicode_width::UnicodeWidthStr::width(l)
+        );
+    }
+    assert!(shown.lines().any(|l| l.starts_with("short ")), "{shown}");
+
+    let json = env.status();
+    let names: Vec<&str> = json["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["target"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&target.as_str()), "{names:?}");
+}
+
 // The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
 // works through a pooler).
 crate::via_pooler!(

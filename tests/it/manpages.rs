@@ -29,12 +29,12 @@ const EXIT_CODES: &[(&str, &str)] = &[
 /// leasectl's own exit codes, from src/exit.rs's constants.
 fn typed_exit_codes() -> Vec<(u8, &'static str)> {
     vec![
-        (Exit::USAGE, "usage error (bad flag, duration, target or schema name)"),
+        (Exit::USAGE, "usage error (bad flag, duration, target or schema name; relay: --metrics cannot listen on ADDR)"),
         (Exit::DATA_ERROR, "the command's $LEASECTL_EVENTS held a malformed line or more than --events-limit, or was no longer a regular file; the run was stored without them"),
-        (Exit::UNAVAILABLE, "database unreachable, rejected the connection or stopped answering; relay --once: the sink is unreachable"),
+        (Exit::UNAVAILABLE, "database unreachable, rejected the connection or stopped answering; relay: a batch's transaction ended; relay --once: the sink is unreachable (or stdout closed)"),
         (Exit::INTERNAL, "internal error (a bug); a running command's process group is killed"),
-        (Exit::BUSY, "busy: another holder has a live lease, or --wait=DUR ran out (--busy-exit-code overrides it)"),
-        (Exit::LEASE_LOST, "the lease was lost during the run: the command was stopped, the run recorded lost"),
+        (Exit::BUSY, "busy: another holder has a live lease, or --wait=DUR ran out (--busy-exit-code overrides it); run --token: another step of the lease is running"),
+        (Exit::LEASE_LOST, "the lease was lost during the run (expired, released, or taken by --replace): the command was stopped, the run recorded lost (or preempted); run --token, renew, release --token: the token no longer holds the target"),
         (Exit::NO_PERMISSION, "permission denied: the role lacks a privilege, or may not create or upgrade the schema"),
         (Exit::SCHEMA_TOO_NEW, "the schema is newer than this binary, or a migration differs from this binary's"),
         (Exit::TIMED_OUT, "--timeout expired; the command was stopped and the run stored as timed out"),
@@ -60,6 +60,7 @@ const CHILD_SEES: &[(&str, &str)] = &[
     ("LEASECTL_TARGET", "the target whose lease is held"),
     ("LEASECTL_TOKEN", "this acquisition's random lease token"),
     ("LEASECTL_FENCE", "the fencing number, higher on every acquisition of the target: a downstream system can reject writes from an older holder"),
+    ("LEASECTL_HOLDER_INDEX", "the holder's place: 0, or 0 to N-1 with --max-holders N"),
     ("LEASECTL_EVENTS", "the path of a fresh file (mode 0600) where the command appends its own events, one JSON object a line; stored with the run in the same transaction (anything but a regular file left there is refused, exit 65)"),
     ("LEASECTL_SLOT", "with --slot: the start of the slot being run (RFC 3339)"),
     ("LEASECTL_SLOT_END", "with --slot: the next instant of the schedule (RFC 3339)"),
@@ -126,12 +127,20 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
 
     let mut pages = BTreeMap::new();
     for (cmd, name) in commands.into_iter().zip(&names) {
+        // The page's EXIT STATUS lists every code, so the help's own "Exit codes:" paragraph
+        // is left out of NOTES rather than printed twice.
+        let cmd = match cmd.get_after_help().map(ToString::to_string) {
+            Some(after) => cmd.after_help(without_exit_codes(&after)),
+            None => cmd,
+        };
         let man = clap_mangen::Man::new(cmd.clone())
             .source(format!("leasectl {}", env!("CARGO_PKG_VERSION")));
         let mut page = Vec::new();
         man.render_title(&mut page).unwrap();
         man.render_name_section(&mut page).unwrap();
-        man.render_synopsis_section(&mut page).unwrap();
+        let mut synopsis = Vec::new();
+        man.render_synopsis_section(&mut synopsis).unwrap();
+        page.extend_from_slice(with_escape(&cmd, String::from_utf8(synopsis).unwrap()).as_bytes());
         man.render_description_section(&mut page).unwrap();
         man.render_options_section(&mut page).unwrap();
         if cmd.get_subcommands().any(|s| !s.is_hide_set()) {
@@ -181,6 +190,32 @@ fn generate() -> BTreeMap<String, Vec<u8>> {
         pages.insert(format!("{name}.1"), page);
     }
     pages
+}
+
+/// The help text without its "Exit codes:" paragraph.
+fn without_exit_codes(after_help: &str) -> String {
+    after_help
+        .split("\n\n")
+        .filter(|p| !p.starts_with("Exit codes:"))
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// The synopsis with the `--` an argument taken only after it (`run`'s COMMAND) needs:
+/// clap_mangen leaves it out, and `leasectl run --target x echo hi` is a usage error.
+fn with_escape(cmd: &clap::Command, synopsis: String) -> String {
+    let mut synopsis = synopsis;
+    for arg in cmd.get_positionals().filter(|a| a.is_last_set()) {
+        let name = arg.get_value_names().unwrap()[0].as_str();
+        let plain = format!("<\\fI{name}\\fR>");
+        assert!(
+            synopsis.contains(&plain),
+            "no {plain} in the synopsis of {}: {synopsis}",
+            cmd.get_name()
+        );
+        synopsis = synopsis.replace(&plain, &format!("\\fB\\-\\-\\fR {plain}..."));
+    }
+    synopsis
 }
 
 fn man_dir() -> PathBuf {
@@ -263,6 +298,43 @@ fn man_pages_carry_exit_codes_and_environment() {
     let run = String::from_utf8_lossy(&pages["leasectl-run.1"]);
     for (var, _) in CHILD_SEES {
         assert!(run.contains(var), "leasectl-run.1 lacks {var}");
+    }
+    // Every variable the help says the command sees is in the page's COMMAND ENVIRONMENT.
+    let help = leasectl::cli::Cli::command()
+        .find_subcommand("run")
+        .unwrap()
+        .get_after_help()
+        .unwrap()
+        .to_string();
+    let mut seen: Vec<&str> = help
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("LEASECTL_") && w.len() > "LEASECTL_".len())
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let environment = &run[run
+        .find(".SH \"COMMAND ENVIRONMENT\"")
+        .expect("no COMMAND ENVIRONMENT")..];
+    let environment = &environment[..environment.find(".SH \"SEE ALSO\"").unwrap()];
+    for var in seen {
+        assert!(
+            environment.contains(&format!("\\fB{var}\\fR")),
+            "leasectl-run.1's COMMAND ENVIRONMENT lacks {var}, which run --help names"
+        );
+    }
+    // The synopsis says the command comes after `--`, as it must.
+    let synopsis = &run[run.find(".SH SYNOPSIS").unwrap()..run.find(".SH DESCRIPTION").unwrap()];
+    assert!(
+        synopsis.contains("\\fB\\-\\-\\fR <\\fICOMMAND\\fR>..."),
+        "leasectl-run.1's synopsis lacks the -- before COMMAND: {synopsis}"
+    );
+    // Exit codes once per page: in EXIT STATUS, not again in NOTES.
+    for (name, page) in &pages {
+        let text = String::from_utf8_lossy(page);
+        assert!(
+            !text.contains("Exit codes:"),
+            "{name} lists its exit codes in NOTES as well as in EXIT STATUS"
+        );
     }
 }
 

@@ -234,3 +234,56 @@ fn two_relays_claiming_ahead_never_wait_for_each_others_locks() {
     assert!(both, "both relays delivered");
     assert_redeliveries_complete(&log);
 }
+
+/// Relay A holds forty aggregates, whose events fill relay B's window and the next three
+/// windows' worth past it; an aggregate behind them gets its event delivered by B all the same,
+/// while A still holds them. Before, B's look past its window took in one window's worth of
+/// other aggregates' events and no more: it found A's aggregates again at every claim and
+/// never the ones behind them, until A's batch ended (the relay chaos rounds' frozen backends:
+/// a fresh aggregate's event waited for the thaw).
+#[test]
+fn a_relay_looks_further_past_its_window_while_what_it_finds_there_is_held() {
+    let env = migrated();
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'order', 'h' || a, 'order.paid', '{\"n\": 1}' FROM generate_series(1, 40) a",
+    );
+    let a = gated(&env, &["--once", "--batch", "40"]);
+    wait_for_file_exists(&env.path("started"));
+    let hs: Vec<String> = {
+        let mut h: Vec<String> = (1..=40).map(|a| format!("h{a}")).collect();
+        h.sort();
+        h
+    };
+    wait_for("A holding the forty h aggregates", || held(&env) == hs);
+    env.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         VALUES ('order', 'f', 'order.paid', '{\"n\": 1}')",
+    );
+    // B: --batch 5, so a window of 10 events; A's aggregates fill the window and 3 more.
+    let b = Watched::new(
+        env.command_at(&named(&env, "B"))
+            .args(["-v", "relay", "--batch", "5", "--poll", "100ms", "--sink"])
+            .arg(tagged_sink(&env, "B", "0"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("B to deliver f while A holds the h aggregates", || {
+        tagged_log(&env)
+            .iter()
+            .any(|(w, agg, _)| w == "B" && agg == "f")
+    });
+    assert_eq!(held(&env), hs, "A still holds its batch");
+    assert_eq!(lock_waits(&env), 0);
+    env.open_gate();
+    let o = a.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    wait_for("the outbox to drain", || outbox_count(&env) == 0);
+    kill(b.child.id(), libc::SIGTERM);
+    let o = b.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let log = tagged_log(&env);
+    assert_eq!(log.len(), 41, "each event exactly once: {log:?}");
+}

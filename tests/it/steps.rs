@@ -103,10 +103,70 @@ fn a_token_whose_lease_expired_and_was_taken_gets_76_from_run_renew_and_release(
     let o = step(&env, "t", &token, &format!("touch '{}'", ran.display()));
     assert_eq!(code(&o), 76, "{}", stderr(&o));
     assert!(!ran.exists());
+    // What happened, as the database knows it: another holder took it (its run is stored
+    // under the target's fence) and has released it since.
     for cmd in ["renew", "release"] {
         let o = env.run(&[cmd, "--target", "t", "--token", &token]);
-        assert_one_line_error(&o, 76, "does not hold 't'");
+        assert_one_line_error(
+            &o,
+            76,
+            &format!("the lease on 't' was taken by {} pid ", host()),
+        );
+        assert_one_line_error(
+            &o,
+            76,
+            &format!("(fence {newer}), which has released it since"),
+        );
     }
+    // Taken and still held: by whom.
+    let holder = env.spawn(&[
+        "run", "--target", "t", "--label", "sha-2", "--", "sleep", "30",
+    ]);
+    wait_for("the new holder", || env.held_leases() == "1");
+    let o = env.run(&["renew", "--target", "t", "--token", &token]);
+    assert_one_line_error(&o, 76, "the lease on 't' was taken by ");
+    assert_one_line_error(&o, 76, "[sha-2] (fence ");
+    kill(holder.id(), libc::SIGTERM);
+    finish(holder);
+}
+
+fn host() -> String {
+    nix::unistd::gethostname().unwrap().into_string().unwrap()
+}
+
+/// A token that no longer holds its target says which of the things that end a lease
+/// happened: released, or replaced by --replace (a token that expired, or was taken, is above).
+#[test]
+fn a_token_that_lost_its_lease_is_told_whether_it_was_released_or_replaced() {
+    let env = Env::new();
+    let (token, _) = acquire(&env, "rel", &[]);
+    let o = env.run(&["release", "--target", "rel", "--token", &token]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = step(&env, "rel", &token, "true");
+    assert_one_line_error(
+        &o,
+        76,
+        "the lease on 'rel' was released ('rel' is free now)",
+    );
+    assert!(!stderr(&o).contains(" or "), "{}", stderr(&o));
+
+    let (token, _) = acquire(&env, "rep", &[]);
+    let holder = env.spawn(&["run", "--target", "rep", "--replace", "--", "sleep", "30"]);
+    wait_for("the replacement", || {
+        env.scalar(&format!(
+            "SELECT count(*) FROM leases WHERE target = 'rep' AND token <> '{token}'"
+        )) == "1"
+    });
+    let o = step(&env, "rep", &token, "true");
+    assert_one_line_error(&o, 76, "the lease on 'rep' was replaced: --replace of ");
+    kill(holder.id(), libc::SIGTERM);
+    finish(holder);
+    let o = env.run(&["renew", "--target", "rep", "--token", &token]);
+    assert_one_line_error(
+        &o,
+        76,
+        "the lease on 'rep' was replaced by a --replace (since released)",
+    );
 }
 
 #[test]
