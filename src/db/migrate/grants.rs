@@ -223,54 +223,11 @@ pub async fn current_role(client: &Client) -> Option<String> {
 /// order. Objects that do not exist are skipped (that is a migration problem, not a grant). The
 /// catalog is read by OID, which needs no privilege on the schema.
 pub async fn missing(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
-    let mut checks = Vec::new();
-    for (i, g) in GRANTS.iter().enumerate() {
-        for p in g.privileges {
-            let name = match g.on {
-                Object::Schema => "",
-                Object::Table(t) => t,
-            };
-            checks.push(format!("({i}, '{}', '{name}', '{p}')", g.on.kind()));
-        }
-    }
-    let sql = format!(
-        "SELECT g.i, g.privilege
-           FROM (VALUES {}) AS g(i, kind, name, privilege)
-           JOIN pg_namespace n ON n.nspname = $1
-          WHERE NOT CASE g.kind
-                WHEN 'schema' THEN has_schema_privilege(n.oid, g.privilege)
-                ELSE has_table_privilege(
-                    (SELECT c.oid FROM pg_class c
-                      WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege)
-                END
-          ORDER BY g.i",
-        checks.join(", ")
-    );
-    let rows = client
-        .query_typed(&sql, &[(&schema.name(), Type::TEXT)])
-        .await?;
-    let mut out: Vec<(usize, Missing)> = Vec::new();
-    for row in rows {
-        let i = usize::try_from(row.try_get::<_, i32>(0)?)?;
-        let privilege: String = row.try_get(1)?;
-        let Some(g) = GRANTS.get(i) else { continue };
-        let Some(&p) = g.privileges.iter().find(|p| **p == privilege) else {
-            continue;
-        };
-        match out.last_mut() {
-            Some((j, m)) if *j == i => m.privileges.push(p),
-            _ => out.push((
-                i,
-                Missing {
-                    kind: g.on.kind(),
-                    name: g.on.name(schema).to_owned(),
-                    qualified: g.on.qualified(schema),
-                    privileges: vec![p],
-                },
-            )),
-        }
-    }
-    Ok(out.into_iter().map(|(_, m)| m).collect())
+    let checks = GRANTS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| g.privileges.iter().map(move |&p| (i, p)));
+    held_or_not(client, schema, checks, false).await
 }
 
 /// Every privilege a table can be granted, and a schema: what [`extra`] looks for beyond
@@ -290,44 +247,66 @@ const SCHEMA_PRIVILEGES: &[&str] = &["USAGE", "CREATE"];
 /// uses (least privilege: `TRUNCATE` on the outbox, `CREATE` on the schema, …), object by object
 /// in [`GRANTS`]'s order. A superuser or an owner holds them all; [`standing`] says so instead.
 pub async fn extra(client: &Client, schema: &Schema) -> Result<Vec<Missing>> {
-    let mut checks = Vec::new();
-    for (i, g) in GRANTS.iter().enumerate() {
-        let (all, name) = match g.on {
-            Object::Schema => (SCHEMA_PRIVILEGES, ""),
-            Object::Table(t) => (TABLE_PRIVILEGES, t),
+    let checks = GRANTS.iter().enumerate().flat_map(|(i, g)| {
+        let all = match g.on {
+            Object::Schema => SCHEMA_PRIVILEGES,
+            Object::Table(_) => TABLE_PRIVILEGES,
         };
-        for p in all.iter().filter(|p| !g.privileges.contains(p)) {
-            checks.push(format!("({i}, '{}', '{name}', '{p}')", g.on.kind()));
-        }
+        all.iter()
+            .filter(|p| !g.privileges.contains(p))
+            .map(move |&p| (i, p))
+    });
+    held_or_not(client, schema, checks, true).await
+}
+
+/// Of `checks` (a privilege on the object of [`GRANTS`]`[i]`), those the session's role holds
+/// (`held`) or lacks (not `held`), grouped by object in [`GRANTS`]'s order. An object that does
+/// not exist (a table of a schema not yet migrated) is in neither list.
+async fn held_or_not(
+    client: &Client,
+    schema: &Schema,
+    checks: impl Iterator<Item = (usize, &'static str)>,
+    held: bool,
+) -> Result<Vec<Missing>> {
+    let checks: Vec<(usize, &'static str)> = checks.collect();
+    if checks.is_empty() {
+        return Ok(Vec::new());
     }
+    let values: Vec<String> = checks
+        .iter()
+        .map(|&(i, p)| {
+            let g = &GRANTS[i];
+            let name = match g.on {
+                Object::Schema => "",
+                Object::Table(t) => t,
+            };
+            format!("({i}, '{}', '{name}', '{p}')", g.on.kind())
+        })
+        .collect();
     let sql = format!(
         "SELECT g.i, g.privilege
            FROM (VALUES {}) AS g(i, kind, name, privilege)
            JOIN pg_namespace n ON n.nspname = $1
           WHERE CASE g.kind
                 WHEN 'schema' THEN has_schema_privilege(n.oid, g.privilege)
-                ELSE coalesce(has_table_privilege(
+                ELSE has_table_privilege(
                     (SELECT c.oid FROM pg_class c
-                      WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege), false)
-                END
+                      WHERE c.relnamespace = n.oid AND c.relname = g.name), g.privilege)
+                END = $2
           ORDER BY g.i",
-        checks.join(", ")
+        values.join(", ")
     );
     let rows = client
-        .query_typed(&sql, &[(&schema.name(), Type::TEXT)])
+        .query_typed(&sql, &[(&schema.name(), Type::TEXT), (&held, Type::BOOL)])
         .await?;
     let mut out: Vec<(usize, Missing)> = Vec::new();
     for row in rows {
         let i = usize::try_from(row.try_get::<_, i32>(0)?)?;
         let privilege: String = row.try_get(1)?;
-        let Some(g) = GRANTS.get(i) else { continue };
-        let all = match g.on {
-            Object::Schema => SCHEMA_PRIVILEGES,
-            Object::Table(_) => TABLE_PRIVILEGES,
-        };
-        let Some(&p) = all.iter().find(|p| **p == privilege) else {
+        let Some(&(_, p)) = checks.iter().find(|&&(j, p)| j == i && p == privilege) else {
             continue;
         };
+        let g = &GRANTS[i];
         match out.last_mut() {
             Some((j, m)) if *j == i => m.privileges.push(p),
             _ => out.push((
