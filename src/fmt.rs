@@ -10,6 +10,21 @@ pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_micros(t).to_string()
 }
 
+/// The fences of one server timeline: 2^40 acquisitions of a target (35 years at 1,000 a
+/// second). Timeline `t` hands out the fences from `(t - 1) × FENCE_BLOCK + 1` on, so a promotion
+/// (a new timeline) never repeats a fence of the timelines before it.
+pub const FENCE_BLOCK: i64 = 1 << 40;
+
+/// A fence for people: the counter alone on timeline 1 (a server never promoted: `17`), else
+/// `TIMELINE:COUNTER` (`2:17` is the integer 2^40 + 17, what `LEASECTL_FENCE` and `--json` carry).
+pub fn fence(f: i64) -> String {
+    if f <= FENCE_BLOCK {
+        return f.to_string();
+    }
+    let (block, counter) = ((f - 1) / FENCE_BLOCK, (f - 1) % FENCE_BLOCK + 1);
+    format!("{}:{counter}", block + 1)
+}
+
 /// A compact duration for tables and messages: `850ms`, `4.2s`, `3m07s`, `2h05m`, `3d04h`.
 pub fn duration(d: Duration) -> String {
     let ms = d.as_millis();
@@ -113,6 +128,17 @@ mod tests {
         assert_eq!(duration(Duration::from_secs(187)), "3m07s");
         assert_eq!(duration(Duration::from_secs(7500)), "2h05m");
         assert_eq!(duration(Duration::from_secs(3 * 86400 + 4 * 3600)), "3d04h");
+    }
+
+    #[test]
+    fn fences_show_their_timeline_past_the_first() {
+        assert_eq!(fence(0), "0");
+        assert_eq!(fence(17), "17");
+        assert_eq!(fence(FENCE_BLOCK), FENCE_BLOCK.to_string());
+        assert_eq!(fence(FENCE_BLOCK + 1), "2:1");
+        assert_eq!(fence(FENCE_BLOCK + 17), "2:17");
+        assert_eq!(fence(2 * FENCE_BLOCK), format!("2:{FENCE_BLOCK}"));
+        assert_eq!(fence(2 * FENCE_BLOCK + 5), "3:5");
     }
 
     #[test]

@@ -235,7 +235,7 @@ pub fn assess(w: &Watch) -> Assessment {
                 }),
                 text: format!(
                     "held by {who} (fence {}) since {}, longer than the expected {}",
-                    h.fence,
+                    crate::fmt::fence(h.fence),
                     rfc3339(h.acquired_at),
                     crate::fmt::duration(max)
                 ),

@@ -19,8 +19,9 @@ pub async fn run(db: &DbArgs, args: RenewArgs) -> Result<Exit> {
     match renewed {
         Some((fence, ttl)) => {
             crate::info!(
-                "renewed '{}' (fence {fence}) for {}",
+                "renewed '{}' (fence {}) for {}",
                 args.target,
+                crate::fmt::fence(fence),
                 crate::fmt::duration(ttl)
             );
             Ok(Exit::Code(0))

@@ -62,9 +62,9 @@ pub async fn run(db: &DbArgs, args: RunsArgs) -> Result<Exit> {
             };
             let mut row = vec![
                 r.id.to_string(),
-                r.fence.to_string(),
+                fmt::fence(r.fence),
                 match r.preempted_by {
-                    Some(fence) => format!("{} by {fence}", r.outcome),
+                    Some(fence) => format!("{} by {}", r.outcome, fmt::fence(fence)),
                     None => r.outcome.clone(),
                 },
                 status,

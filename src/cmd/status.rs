@@ -239,7 +239,7 @@ pub async fn run(db: &DbArgs, args: StatusArgs) -> Result<Exit> {
                 health,
                 holder,
                 waiting,
-                t.fence.to_string(),
+                crate::fmt::fence(t.fence),
                 heartbeat,
                 ttl,
                 last,

@@ -698,7 +698,15 @@ pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
             || c.starts_with("28") // invalid authorization
             || c.starts_with("53") // insufficient resources (too many connections, disk full)
             || c.starts_with("57") // operator intervention: shutdown, statement timeout
-            || *code == SqlState::UNDEFINED_DATABASE;
+            || *code == SqlState::UNDEFINED_DATABASE
+            // The server ended the session for sitting idle in a transaction (a relay paused
+            // past the timeout): its answer to the next statement is this error, and then the
+            // connection is closed — lost like any other.
+            || *code == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
+            // A write refused as read-only: the server is a standby now (a demoted primary
+            // after a failover). A fresh connection finds the primary, through
+            // `target_session_attrs`, within the caller's usual deadline.
+            || *code == SqlState::READ_ONLY_SQL_TRANSACTION;
     }
     if e.is_closed() {
         return true;

@@ -157,7 +157,11 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             Obtained::Done(exit) => return Ok(exit),
         };
         let (lease, acquired_at) = (&granted.lease, granted.sent);
-        info!("acquired '{}' (fence {})", lease.target, lease.fence);
+        info!(
+            "acquired '{}' (fence {})",
+            lease.target,
+            crate::fmt::fence(lease.fence)
+        );
         let mut hb = Heartbeat::new(lease, cfg.times(), acquired_at);
         if db.can_listen() {
             hb.watch_releases(granted.listening);
@@ -1026,8 +1030,9 @@ async fn record_lost(
             record.id
         ),
         Ok(runs::Lost::Preempted { fence, by }) => say!(
-            "lease on '{}' taken by --replace of {by} (fence {fence}); no result stored (output kept as preempted run {})",
+            "lease on '{}' taken by --replace of {by} (fence {}); no result stored (output kept as preempted run {})",
             lease.target,
+            crate::fmt::fence(fence),
             record.id
         ),
         Err(e) => warn!(

@@ -38,7 +38,9 @@ pub(super) async fn await_stop(
     if let Some(r) = lease.replaced.as_ref().filter(|r| r.idle) {
         info!(
             "replaced {} (fence {}) on '{}', which ran no command",
-            r.who, r.fence, cfg.target
+            r.who,
+            crate::fmt::fence(r.fence),
+            cfg.target
         );
     }
     if !lease.wait_for_stop {
@@ -76,11 +78,12 @@ pub(super) async fn await_stop(
             }
             Ok(Gate::Wait { who, fence, left }) => {
                 if !announced && !cfg.quiet {
+                    let shown = crate::fmt::fence(fence);
                     let whom = match &lease.replaced {
                         Some(r) if !r.idle && r.fence == fence => {
-                            format!("replacing {} (fence {fence})", r.who)
+                            format!("replacing {} (fence {shown})", r.who)
                         }
-                        _ => format!("the previous holder {who} (fence {fence}) is stopping"),
+                        _ => format!("the previous holder {who} (fence {shown}) is stopping"),
                     };
                     say!(
                         "{whom} on '{}'; waiting for it to stop (at most {})",

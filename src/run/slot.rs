@@ -249,6 +249,7 @@ pub(super) async fn skip_if_running(
                 running,
                 holder,
             } => {
+                let fence = crate::fmt::fence(fence);
                 let doing = match (running, holder) {
                     (true, Some(h)) => format!("is being done by run {by} ({h}, fence {fence})"),
                     (true, None) => format!("is being done by run {by} (fence {fence})"),

@@ -99,7 +99,7 @@ pub async fn acquire(db_args: &DbArgs, args: AcquireArgs) -> Result<Exit> {
     info!(
         "acquired '{}' (fence {}); it lives {} from each renewal: run --token steps, renew, release --token",
         lease.target,
-        lease.fence,
+        crate::fmt::fence(lease.fence),
         crate::fmt::duration(cfg.ttl)
     );
     Ok(Exit::Code(0))
@@ -251,7 +251,8 @@ pub(super) async fn step(
     cfg.with_ttl(ttl)?;
     info!(
         "took up '{}' (fence {}) for a step",
-        lease.target, lease.fence
+        lease.target,
+        crate::fmt::fence(lease.fence)
     );
     let mut hb = Heartbeat::new(&lease, cfg.times(), sent);
     if db.can_listen() {

@@ -235,7 +235,7 @@ fn describe_stopping(st: &waiters::Stopping) -> String {
     format!(
         "its previous holder {} (fence {}) is still stopping its command (at most {} more)",
         st.who,
-        st.fence,
+        crate::fmt::fence(st.fence),
         crate::fmt::duration(st.left)
     )
 }
@@ -545,7 +545,11 @@ async fn share_awaited(db: &Db, cfg: &RunConfig, fence: i64) -> Result<Option<Ex
     if truncated {
         return Ok(None);
     }
-    info!("sharing the result of run {} (fence {fence})", run.id);
+    info!(
+        "sharing the result of run {} (fence {})",
+        run.id,
+        crate::fmt::fence(fence)
+    );
     print_stdout(cfg, &run.stdout)?;
     Ok(Some(Exit::Code(exit)))
 }

@@ -114,7 +114,7 @@ impl Holder {
         let who = self.who();
         format!(
             "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
-            self.fence,
+            crate::fmt::fence(self.fence),
             crate::fmt::duration(self.heartbeat_age),
             crate::fmt::duration(self.ttl)
         )
@@ -224,9 +224,10 @@ async fn acquire_unqueued(
         "INSERT INTO {s}.leases AS l
                 (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at, holder_host,
                  holder_pid, holder_label)
-         VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+         VALUES ($1, 0, $2, {fence_floor}, $3, now(), now(), $4, $5, $6)
          ON CONFLICT (target, place) DO UPDATE
-            SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+            SET token = excluded.token, fence = greatest(l.fence + 1, {fence_floor}),
+                ttl_ms = excluded.ttl_ms,
                 heartbeat_at = now(), acquired_at = now(),
                 holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
                 holder_label = excluded.holder_label
@@ -264,9 +265,10 @@ async fn acquire_queued(
                  INSERT INTO {{s}}.leases AS l
                         (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
                          holder_host, holder_pid, holder_label)
-                 VALUES ($1, 0, $2, 1, $3, now(), now(), $4, $5, $6)
+                 VALUES ($1, 0, $2, {{fence_floor}}, $3, now(), now(), $4, $5, $6)
                  ON CONFLICT (target, place) DO UPDATE
-                    SET token = excluded.token, fence = l.fence + 1, ttl_ms = excluded.ttl_ms,
+                    SET token = excluded.token, fence = greatest(l.fence + 1, {{fence_floor}}),
+                        ttl_ms = excluded.ttl_ms,
                         heartbeat_at = now(), acquired_at = now(),
                         holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
                         holder_label = excluded.holder_label
@@ -426,7 +428,7 @@ async fn claim_place(
         schema,
         "WITH counter AS (
              UPDATE {s}.leases l
-                SET fence = l.fence + 1, max_holders = $8,
+                SET fence = greatest(l.fence + 1, {fence_floor}), max_holders = $8,
                     token = CASE WHEN $9 = 0 THEN $2 END,
                     ttl_ms = CASE WHEN $9 = 0 THEN $3 ELSE l.ttl_ms END,
                     heartbeat_at = now(), acquired_at = now(),
@@ -621,7 +623,7 @@ async fn take_place(
         schema,
         "WITH counter AS (
              UPDATE {s}.leases l
-                SET fence = l.fence + 1, max_holders = $8,
+                SET fence = greatest(l.fence + 1, {fence_floor}), max_holders = $8,
                     token = CASE WHEN $9 = 0 THEN $2 END,
                     ttl_ms = CASE WHEN $9 = 0 THEN $3 ELSE l.ttl_ms END,
                     heartbeat_at = now(), acquired_at = now(),
@@ -935,7 +937,7 @@ pub async fn why_not_held(
                 r.get("holder_pid"),
                 r.get("holder_label")
             ),
-            r.get::<_, i64>("fence")
+            crate::fmt::fence(r.get::<_, i64>("fence"))
         )
     };
     let held: Vec<_> = rows.iter().filter(|r| r.get::<_, bool>("held")).collect();
@@ -1006,12 +1008,13 @@ async fn released_or_taken_since(
     let (mine, other): (Option<i64>, Option<String>) = rows
         .first()
         .map_or((None, None), |r| (r.get("mine"), r.get("other")));
+    let shown = crate::fmt::fence(fence);
     let taken = |by: String| {
         format!("the lease on '{target}' was taken by {by}, which has released it since ('{target}' is free now)")
     };
     Ok(match (other, mine) {
-        (Some(who), _) => Some(taken(format!("{who} (fence {fence})"))),
-        (None, Some(m)) if m < fence => Some(taken(format!("another holder (fence {fence})"))),
+        (Some(who), _) => Some(taken(format!("{who} (fence {shown})"))),
+        (None, Some(m)) if m < fence => Some(taken(format!("another holder (fence {shown})"))),
         _ => None,
     })
 }

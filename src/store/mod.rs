@@ -50,6 +50,33 @@ const RUNNING_MS: &str =
 const LIVE_WAITER: &str = "(w.superseded_at IS NULL
       AND w.heartbeat_at + w.ttl_ms * interval '1 millisecond' >= now())";
 
+/// The least fence this server may hand out: the first of its current timeline's block,
+/// `(timeline - 1) × 2^40 + 1` ([`crate::fmt::FENCE_BLOCK`]). A promotion starts a new timeline, so every fence handed out after
+/// it is greater than every fence of the timelines before — also when the promoted standby missed
+/// acquisitions the old primary committed (asynchronous replication): downstream systems keep
+/// comparing one integer. A server never promoted is on timeline 1, whose block starts at 1: its
+/// fences are the plain per-target counter. The timeline is read off the name of the current WAL
+/// file, which any role may call for. It is capped at 2^23 so the block never leaves `int8`; a
+/// server past that (millions of promotions) keeps counting within its last block.
+/// Where the server has no WAL of its own to name (see [`fence_floor`]) the floor is 1.
+const FENCE_FLOOR: &str =
+    "((least(('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int8,
+              8388608) - 1) << 40) + 1";
+
+/// [`FENCE_FLOOR`], or `1` when `LEASECTL_FENCE_TIMELINE=off`: for PostgreSQL-compatible
+/// services that implement neither `pg_current_wal_lsn()` nor `pg_walfile_name()` (they fail every
+/// acquisition otherwise). Fences then grow by the counter alone, which a lossy failover can
+/// repeat. Mixing both settings is safe: either way a fence is more than the one before.
+fn fence_floor() -> &'static str {
+    static FLOOR: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    FLOOR.get_or_init(
+        || match std::env::var("LEASECTL_FENCE_TIMELINE").as_deref() {
+            Ok("off") => "1",
+            _ => FENCE_FLOOR,
+        },
+    )
+}
+
 /// A live ordered waiter of the target may exist (alias `l` for place 0 of `leases`; see
 /// `leases.queued_until` in migrations/0004_queue.sql).
 /// False, not NULL, when `queued_until` is NULL (no waiter ever).
@@ -120,6 +147,7 @@ fn sql(schema: &Schema, template: &str) -> String {
             .replace("{live_waiter}", LIVE_WAITER)
             .replace("{held}", HELD)
             .replace("{held_now}", HELD_NOW)
+            .replace("{fence_floor}", fence_floor())
             .replace("{agg_key:b}", &AGG_KEY.replace("A.", "b."))
             .replace("{agg_key:o}", &AGG_KEY.replace("A.", "o."))
             .replace("{agg_key:p}", &AGG_KEY.replace("A.", "p.")),

@@ -319,3 +319,55 @@ fn a_password_file_others_can_read_is_ignored_with_libpqs_warning() {
         stderr(&out)
     );
 }
+
+/// A session the server ended — for sitting idle in a transaction — or a write refused as
+/// read-only (a demoted primary) means "reconnect", not a bug: the relay reconnects on these
+/// and a one-shot command exits 69, never 70.
+#[test]
+fn a_session_ended_for_idling_in_a_transaction_and_a_read_only_refusal_count_as_unavailable() {
+    let env = Env::new();
+    // tokio-postgres has no libpq defaults: the server's own socket, user and port.
+    let direct = format!(
+        "{} host={} port={} user={}",
+        env.direct_url,
+        env.scalar("SELECT split_part(current_setting('unix_socket_directories'), ',', 1)"),
+        env.scalar("SELECT current_setting('port')"),
+        env.scalar("SELECT current_user"),
+    );
+    super::relay_sinks::runtime().block_on(async {
+        // The server sends its idle-in-transaction FATAL unasked; a relay stopped in a batch
+        // reads it as the answer to its next statement. The same error, raised on purpose:
+        let (client, connection) = tokio_postgres::connect(&direct, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let err = client
+            .batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'terminating connection due to idle-in-transaction timeout'
+                              USING ERRCODE = 'idle_in_transaction_session_timeout'; END $$",
+            )
+            .await
+            .expect_err("raised");
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT),
+            "{err}"
+        );
+        assert!(leasectl::db::is_unavailable(&err), "{err:?}");
+
+        // What a write meets on a demoted primary, as a read-only session meets it here.
+        client
+            .batch_execute("SET default_transaction_read_only = on")
+            .await
+            .unwrap();
+        let err = client
+            .batch_execute("CREATE TABLE public.leasectl_read_only_probe (x int)")
+            .await
+            .expect_err("a write in a read-only transaction");
+        assert_eq!(
+            err.code(),
+            Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+        );
+        assert!(leasectl::db::is_unavailable(&err), "{err:?}");
+    });
+}

@@ -496,11 +496,17 @@ fn a_holder_cut_off_past_its_ttl_stops_its_command_and_a_waiter_acquires_on_the_
 }
 
 #[test]
-fn with_asynchronous_replication_an_acquisition_the_standby_missed_hands_its_fence_out_twice() {
-    // What OPERATIONS.md warns of, made certain: the standby stops receiving (as if it lagged),
-    // a holder acquires on the primary, and the primary fails.
+fn with_asynchronous_replication_a_fence_after_a_lossy_failover_is_greater_than_every_fence_before()
+{
+    // The standby stops receiving (as if it lagged), a holder acquires on the primary, and the
+    // primary fails: the promoted standby never saw that acquisition. Its counter is one behind,
+    // but the promotion started timeline 2, whose fences all lie above timeline 1's.
     let c = Cluster::start(false);
     let replicated = c.fence_of_a_run("job");
+    assert_eq!(
+        replicated, 1,
+        "a server never promoted counts fences from 1"
+    );
     let lsn = c.primary.sql("SELECT pg_current_wal_lsn()");
     wait_for("the standby to replay the first run", || {
         c.standby
@@ -520,14 +526,27 @@ fn with_asynchronous_replication_an_acquisition_the_standby_missed_hands_its_fen
     c.crash_primary();
     c.standby.start();
     c.promote();
+    let timeline = c
+        .standby
+        .sql("SELECT left(pg_walfile_name(pg_current_wal_lsn()), 8)");
+    assert_eq!(timeline, "00000002", "the promotion starts a new timeline");
 
-    // The new primary never saw the acquisition: another caller gets the same fence ...
-    let again = c.fence_of_a_run("job");
+    // The new primary never saw the acquisition, yet the next caller's fence is greater ...
+    let next = c.fence_of_a_run("job");
     assert_eq!(
-        again, fence,
-        "the lost acquisition's fence is handed out again"
+        next,
+        (1 << 40) + 1,
+        "the first fence of timeline 2 (the lost fence was {fence})"
     );
-    // ... and the holder's first heartbeat to get through matches no row: it stops at once.
+    assert!(next > fence);
+    // ... it is shown as timeline:counter, and the holder's first heartbeat to get through
+    // matches no row: it stops at once.
+    let runs = c
+        .leasectl()
+        .args(["runs", "--target", "job"])
+        .output_in_time();
+    let listing = stdout(&runs);
+    assert!(listing.contains(" 2:1 "), "{listing}");
     let status = exits_within(
         &mut holder.child,
         PATIENCE,
@@ -542,6 +561,8 @@ fn with_asynchronous_replication_an_acquisition_the_standby_missed_hands_its_fen
         holder.stderr()
     );
     assert!(!alive(pid), "the command outlived its lease");
+    // And on timeline 2 the counter goes on from there.
+    assert_eq!(c.fence_of_a_run("job"), (1 << 40) + 2);
 }
 
 /// `leasectl doctor --json` against one node of the cluster alone; the report.
