@@ -215,7 +215,7 @@ Examples:\n  leasectl release --target deploy --token \"$LEASECTL_TOKEN\"\n  lea
 
 const RUN_HELP: &str = "\
 At most one copy of COMMAND runs per TARGET across all hosts sharing the database. The child sees
-LEASECTL_TARGET, LEASECTL_TOKEN, LEASECTL_FENCE (a number that grows with every acquisition),
+LEASECTL_TARGET, LEASECTL_TOKEN, LEASECTL_FENCE (a number that grows with every acquisition, also across failovers),
 LEASECTL_HOLDER_INDEX (0, or its place with --max-holders) and LEASECTL_EVENTS, a file for its
 own outbox events (see `leasectl emit`). Its result, an outbox event and its own events are stored
 only while the lease is still held.

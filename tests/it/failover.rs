@@ -563,6 +563,23 @@ fn with_asynchronous_replication_a_fence_after_a_lossy_failover_is_greater_than_
     assert!(!alive(pid), "the command outlived its lease");
     // And on timeline 2 the counter goes on from there.
     assert_eq!(c.fence_of_a_run("job"), (1 << 40) + 2);
+    // A new target on timeline 2 starts at the timeline's block — or, with the timeline
+    // turned off (for servers that cannot name it), at 1.
+    assert_eq!(c.fence_of_a_run("new"), (1 << 40) + 1);
+    let out = c
+        .leasectl()
+        .env("LEASECTL_FENCE_TIMELINE", "off")
+        .args([
+            "run",
+            "--target",
+            "other",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASECTL_FENCE",
+        ])
+        .output_in_time();
+    assert_eq!(stdout(&out).trim(), "1", "{}", stderr(&out));
 }
 
 /// `leasectl doctor --json` against one node of the cluster alone; the report.
