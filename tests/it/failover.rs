@@ -401,7 +401,11 @@ fn a_holder_whose_heartbeat_reaches_the_promoted_standby_in_time_keeps_its_lease
     );
     // The promotion started timeline 2: the next fence is the first of its block.
     let after = c.fence_of_a_run("job");
-    assert_eq!(after, (1 << 40) + 1, "fences never repeat: {fence} then {after}");
+    assert_eq!(
+        after,
+        (1 << 40) + 1,
+        "fences never repeat: {fence} then {after}"
+    );
 }
 
 #[test]

@@ -405,6 +405,8 @@ enum Outcome {
     Failed(lapin::Error),
     /// No confirm before the group's deadline.
     TimedOut,
+    /// Not published: its batch's gate had closed by the time its turn came.
+    Late,
 }
 
 impl Amqp {
@@ -556,43 +558,49 @@ impl Amqp {
             let mut pending: futures_util::stream::FuturesUnordered<_> = group
                 .iter()
                 .map(|w| async move {
-                    let confirm = channel
-                        .basic_publish(
-                            link.exchange.clone(),
-                            w.routing_key.clone(),
-                            BasicPublishOptions {
-                                mandatory: true,
-                                immediate: false,
-                            },
-                            &w.body,
-                            w.properties.clone(),
-                        )
-                        .await?;
-                    confirm.await
-                })
-                .enumerate()
-                .map(|(i, published)| async move { (i, published.await) })
-                .collect();
-            let waited = tokio::time::timeout_at(deadline, async {
-                while let Some((i, confirmed)) = pending.next().await {
-                    outcomes[i] = Some(match confirmed {
+                    // The gate once more, as the message is handed to lapin: taking a channel
+                    // may have cost a round trip to the broker (or the relay was paused) since
+                    // the group's look.
+                    if !w.gate.allows_now() {
+                        return Outcome::Late;
+                    }
+                    let published = async {
+                        channel
+                            .basic_publish(
+                                link.exchange.clone(),
+                                w.routing_key.clone(),
+                                BasicPublishOptions {
+                                    mandatory: true,
+                                    immediate: false,
+                                },
+                                &w.body,
+                                w.properties.clone(),
+                            )
+                            .await?
+                            .await
+                    };
+                    match published.await {
                         Ok(c) => Outcome::Confirmed(Box::new(c)),
                         Err(e) => Outcome::Failed(e),
-                    });
+                    }
+                })
+                .enumerate()
+                .map(|(i, outcome)| async move { (i, outcome.await) })
+                .collect();
+            let waited = tokio::time::timeout_at(deadline, async {
+                while let Some((i, outcome)) = pending.next().await {
+                    outcomes[i] = Some(outcome);
                 }
             })
             .await;
             // Confirms resolved just as the deadline passed still count: they may carry returns.
-            for (i, confirmed) in std::iter::from_fn(|| pending.next().now_or_never().flatten()) {
-                outcomes[i] = Some(match confirmed {
-                    Ok(c) => Outcome::Confirmed(Box::new(c)),
-                    Err(e) => Outcome::Failed(e),
-                });
+            for (i, outcome) in std::iter::from_fn(|| pending.next().now_or_never().flatten()) {
+                outcomes[i] = Some(outcome);
             }
             clean = waited.is_ok()
                 && outcomes
                     .iter()
-                    .all(|o| matches!(o, Some(Outcome::Confirmed(_))));
+                    .all(|o| matches!(o, Some(Outcome::Confirmed(_) | Outcome::Late)));
         }
         match channel {
             // Every confirm resolved, so every return was read: the channel is clean.
@@ -658,6 +666,7 @@ impl Amqp {
                         }
                     }
                     Outcome::TimedOut => Err(self.no_confirm(link)),
+                    Outcome::Late => Err(DeliveryError::late()),
                 })
             })
             .collect();
