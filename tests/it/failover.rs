@@ -1,4 +1,4 @@
-//! High availability (issue 13 §4, docs/OPERATIONS.md): a primary and a streaming standby of the
+//! High availability (docs/OPERATIONS.md): a primary and a streaming standby of the
 //! test's own, started from the Debian PostgreSQL server binaries in a temporary directory on
 //! spare ports; leasectl is given both hosts with `target_session_attrs=read-write`; the primary
 //! is stopped (`pg_ctl stop -m immediate`, a crash as far as clients can tell) and the standby
@@ -10,8 +10,10 @@
 //!   waiter that waited through the outage acquires on the new primary;
 //! * with a synchronous standby and `synchronous_commit = remote_apply` (set for the role, as
 //!   OPERATIONS.md recommends) no fence handed out before the failover is handed out again;
-//! * with asynchronous replication an acquisition the standby never received is lost, and its
-//!   fence is handed out a second time (what OPERATIONS.md warns of).
+//! * with asynchronous replication an acquisition the standby never received is lost, yet the
+//!   next fence is greater (the promotion's new timeline is in its high bits);
+//! * a primary demoted under a running holder and relay (it turns read-only, SQLSTATE 25006 on
+//!   every write): both carry on through the new primary.
 //!
 //! Every wait is on a condition (the servers' answers, files, leasectl's exit); the servers are
 //! stopped by [`Cluster`]'s drop, also when a test fails. The binaries missing is a failure, not a
@@ -585,6 +587,84 @@ fn with_asynchronous_replication_a_fence_after_a_lossy_failover_is_greater_than_
         ])
         .output_in_time();
     assert_eq!(stdout(&out).trim(), "1", "{}", stderr(&out));
+}
+
+#[test]
+fn a_primary_demoted_under_a_holder_and_a_relay_is_left_for_the_new_one() {
+    // The old primary stays up but turns read-only, as a demoted primary does: connections to
+    // it stay open and every write on them fails with SQLSTATE 25006, not a connection error.
+    let c = Cluster::start(true);
+    c.fence_of_a_run("before");
+    let delivered = c.path("delivered");
+    let mut relay = Watched::new(
+        c.leasectl()
+            .args(["-v", "relay", "--poll", "100ms", "--sink"])
+            .arg(format!(
+                "exec:printf '%s\\n' \"$(cat)\" >> '{}'",
+                delivered.display()
+            ))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let lines = |path: &Path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    wait_for("the relay to publish the first run's event", || {
+        lines(&delivered).iter().any(|l| l.contains("\"before\""))
+    });
+    let (holder, fence, pid) = c.hold(c.leasectl(), "job", &["--ttl", "10s"]);
+
+    c.primary
+        .sql("ALTER SYSTEM SET default_transaction_read_only = on");
+    c.primary.sql("SELECT pg_reload_conf()");
+    c.promote();
+
+    // The holder's heartbeat is refused as read-only; it retries on a fresh connection, which
+    // target_session_attrs takes to the new primary, where its lease is (replicated).
+    holder.wait_for_stderr("recovered after");
+    assert!(
+        holder.stderr().contains("read-only transaction"),
+        "{}",
+        holder.stderr()
+    );
+    assert!(alive(pid), "the command was stopped: {}", holder.stderr());
+    // The relay's claims are refused the same way: it reconnects, and publishes what is
+    // committed on the new primary.
+    c.fence_of_a_run("after");
+    wait_for(
+        "the relay to publish the event of a run on the new primary",
+        || lines(&delivered).iter().any(|l| l.contains("\"after\"")),
+    );
+    assert!(
+        relay.stderr().contains("read-only transaction"),
+        "{}",
+        relay.stderr()
+    );
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "the relay exited: {}",
+        relay.stderr()
+    );
+
+    c.release();
+    let out = holder.finish();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        c.standby.sql(&format!(
+            "SELECT outcome FROM leasectl.runs WHERE target = 'job' AND fence = {fence}"
+        )),
+        "completed",
+        "the run is stored on the new primary"
+    );
+    kill(relay.child.id(), libc::SIGTERM);
+    let out = relay.finish();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
 }
 
 /// `leasectl doctor --json` against one node of the cluster alone; the report.
