@@ -12,8 +12,8 @@
 //! * [`server`]: the server's version, the schema's migrations and their checksums, the role's
 //!   privileges against [`crate::db::migrate::grants::GRANTS`] (missing, and more than needed);
 //! * [`pooler`]: a pooler in front, its mode, and what leasectl does about it;
-//! * [`replication`]: primary or standby, synchronous standbys, the server settings that break
-//!   promises, and the failover budget of a TTL;
+//! * [`replication`]: primary or standby, synchronous standbys, the timeline fences carry, the
+//!   server settings that break promises, and the failover budget of a TTL;
 //! * [`clock`]: the host's clock against the database's;
 //! * [`outbox`]: backlog, dead events, who holds back the xmin horizon;
 //! * [`sink`]: `--sink`, reached without publishing.
@@ -309,6 +309,7 @@ pub async fn run_database_checks(ctx: &Ctx, report: &mut Report) {
     });
     step!("privileges", one(server::privileges(ctx, ledger.as_ref())));
     step!("replication", one(replication::replication(ctx)));
+    step!("fences", one(replication::fences(ctx)));
     step!(
         "statement_timeout",
         one(replication::statement_timeout(ctx))

@@ -30,6 +30,59 @@ pub async fn primary(ctx: &Ctx) -> Result<Check> {
     })
 }
 
+/// `fences`: the server's timeline, which every fence carries in its high bits so that fences
+/// grow across failovers, even lossy ones. A server that cannot name it (no WAL of its own)
+/// fails every acquisition unless `LEASECTL_FENCE_TIMELINE=off`.
+pub async fn fences(ctx: &Ctx) -> Result<Check> {
+    const NAME: &str = "fences";
+    let carry = crate::store::fences_carry_the_timeline();
+    let found = read_only(ctx.client(), async {
+        let row = ctx
+            .client()
+            .query_typed_one(
+                "SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                        ELSE ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int8
+                        END AS timeline",
+                &[],
+            )
+            .await?;
+        anyhow::Ok(row.try_get::<_, Option<i64>>("timeline")?)
+    })
+    .await;
+    Ok(match (found, carry) {
+        (Ok(None), _) => Check::warn(
+            NAME,
+            "connected to a standby: its timeline is the next primary's to name",
+            READ_WRITE_HINT,
+        ),
+        (Ok(Some(t)), true) => Check::ok(
+            NAME,
+            format!(
+                "timeline {t}: fences from {} on, greater than every fence before any promotion",
+                fmt::fence((t - 1).min(8_388_607) * fmt::FENCE_BLOCK + 1)
+            ),
+        ),
+        (Ok(Some(t)), false) => Check::warn(
+            NAME,
+            format!("LEASECTL_FENCE_TIMELINE=off: fences grow by their counter alone (the server is on timeline {t}), and a failover to a standby that missed an acquisition hands its fence out again"),
+            "unset LEASECTL_FENCE_TIMELINE: this server names its timeline",
+        ),
+        (Err(e), _) if super::unavailable(&e) => return Err(e),
+        (Err(e), true) => Check::fail(
+            NAME,
+            format!(
+                "the server cannot name its timeline ({}): every acquisition fails",
+                fmt::one_line(&format!("{e:#}"), 200)
+            ),
+            "set LEASECTL_FENCE_TIMELINE=off for every leasectl of this deployment (fences then grow by their counter alone)",
+        ),
+        (Err(_), false) => Check::ok(
+            NAME,
+            "LEASECTL_FENCE_TIMELINE=off: fences grow by their counter alone (this server cannot name its timeline)",
+        ),
+    })
+}
+
 /// What the primary says about its standbys and the role's commits.
 struct Replication {
     standby: bool,

@@ -77,6 +77,12 @@ fn fence_floor() -> &'static str {
     )
 }
 
+/// Whether this process's fences carry the server's timeline (`LEASECTL_FENCE_TIMELINE` is not
+/// `off`): what `doctor` reports.
+pub fn fences_carry_the_timeline() -> bool {
+    fence_floor() != "1"
+}
+
 /// A live ordered waiter of the target may exist (alias `l` for place 0 of `leases`; see
 /// `leases.queued_until` in migrations/0004_queue.sql).
 /// False, not NULL, when `queued_until` is NULL (no waiter ever).

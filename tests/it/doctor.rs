@@ -20,6 +20,7 @@ const CHECKS: &[&str] = &[
     "schema",
     "privileges",
     "replication",
+    "fences",
     "statement_timeout",
     "idle_in_transaction_session_timeout",
     "max_connections",
@@ -344,4 +345,19 @@ fn a_host_clock_two_minutes_ahead_is_a_warning() {
     );
     // Two minutes, give or take the round trip (durations are shown truncated).
     assert!(d.contains("1m59s") || d.contains("2m00s"), "{d}");
+}
+
+#[test]
+fn fences_name_the_servers_timeline_and_off_is_a_warning_where_it_could_be_on() {
+    let env = Env::new();
+    let (doc, _) = doctor_json(env.command(), &[]);
+    assert_eq!(status(&doc, "fences"), "ok", "{doc:#}");
+    let d = detail(&doc, "fences");
+    assert!(d.contains("timeline 1: fences from 1 on"), "{d}");
+    let mut off = env.command();
+    off.env("LEASECTL_FENCE_TIMELINE", "off");
+    let (doc, _) = doctor_json(off, &[]);
+    assert_eq!(status(&doc, "fences"), "warn", "{doc:#}");
+    let d = detail(&doc, "fences");
+    assert!(d.contains("unset LEASECTL_FENCE_TIMELINE"), "{d}");
 }

@@ -568,6 +568,14 @@ fn with_asynchronous_replication_a_fence_after_a_lossy_failover_is_greater_than_
         holder.stderr()
     );
     assert!(!alive(pid), "the command outlived its lease");
+    // doctor names the new timeline and where its fences start.
+    let (doc, _) = doctor_at(&c.standby, c.dir.path());
+    let (status, detail) = doctor_check(&doc, "fences");
+    assert_eq!(status, "ok", "{doc:#}");
+    assert!(
+        detail.contains("timeline 2: fences from 2:1 on"),
+        "{detail}"
+    );
     // And on timeline 2 the counter goes on from there.
     assert_eq!(c.fence_of_a_run("job"), (1 << 40) + 2);
     // A new target on timeline 2 starts at the timeline's block — or, with the timeline
