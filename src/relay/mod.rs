@@ -125,7 +125,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         in_flight,
         idle: liveness::idle_timeout(in_flight),
         sink,
-        up_to_seq: i64::MAX,
+        up_to: i64::MAX,
         listening: false,
         mark: IdleMark::default(),
         mark_waits: false,
@@ -152,10 +152,10 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
     let started = async {
         relay.watch_health(&db).await?;
         if relay.cfg.once {
-            relay.up_to_seq = bounded(
+            relay.up_to = bounded(
                 d,
                 "the look at the outbox",
-                outbox::max_seq(&db.client, &db.schema),
+                outbox::cut_off(&db.client, &db.schema, relay.cfg.order),
             )
             .await?;
         } else {
@@ -197,8 +197,8 @@ struct Relay {
     /// transactions ([`liveness::idle_timeout`]).
     in_flight: Duration,
     idle: Duration,
-    /// `--once` publishes only events that existed when it started.
-    up_to_seq: i64,
+    /// `--once` publishes only events that existed when it started ([`outbox::cut_off`]).
+    up_to: i64,
     listening: bool,
     /// Held while this relay sleeps on LISTEN: the trigger notifies only then ([`wake`]).
     mark: IdleMark,
@@ -548,7 +548,7 @@ impl Relay {
         let limits = ClaimLimits {
             batch: self.cfg.batch,
             bytes: self.cfg.batch_bytes,
-            up_to_seq: self.up_to_seq,
+            up_to: self.up_to,
             order: self.cfg.order,
         };
         let taken = match ahead.next.take() {

@@ -133,20 +133,20 @@ pub enum Reach {
 }
 
 /// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
-/// `$3` = highest `seq` to consider (`--once` stops at what existed when it started), `$4` = how
+/// `$3` = the cut-off (`--once` stops at what existed when it started; see [`ClaimLimits`]), `$4` = how
 /// many events past the window to look through for other aggregates' heads, `$5` = the batch's
 /// payload bytes (`--batch-bytes`), `$6` = the `seq`s of a batch this relay holds on another
 /// connection, to count as gone (a claim ahead; empty otherwise), `$7` = whether the first event
 /// is taken whatever its size (not when claiming ahead), `$8` = how many events past the window
-/// to take in (see [`Reach`]). Placeholders for the order ([`Order`]): `{eligible}` (the
-/// events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
+/// to take in (see [`Reach`]). Placeholders for the order ([`Order`]): `{up_to}` (the events
+/// within the cut-off `$3`), `{eligible}` (the events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
 /// (past the first window), `{firsts:W}` (each aggregate's first event in window W).
 const CLAIM: &str = "
 WITH win1 AS MATERIALIZED (
     SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
            pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
-     WHERE o.seq <= $3{eligible}
+     WHERE {up_to}{eligible}
        AND o.seq <> ALL ($6)
        -- Exactly the predicate of the indexes of migration 0010: the ordered scan reads only
        -- events that are not dead, and probes outbox_held once for each (a dead event's
@@ -177,7 +177,7 @@ WITH win1 AS MATERIALIZED (
                    pg_column_size(o.payload) AS size,
                    pg_column_compression(o.payload) IS NOT NULL AS packed
               FROM {s}.outbox o
-             WHERE o.seq <= $3{eligible} AND o.dead_at IS NULL AND {past} AND o.seq <> ALL ($6)
+             WHERE {up_to}{eligible} AND o.dead_at IS NULL AND {past} AND o.seq <> ALL ($6)
              ORDER BY {key:o}
              LIMIT $4) p
      WHERE $4 > 0
@@ -246,8 +246,9 @@ pub enum Order {
 impl Order {
     /// The claim statement for this order, with the shared predicates and the schema spliced in.
     fn claim_sql(self, schema: &Schema) -> String {
-        let (eligible, key, past, firsts) = match self {
+        let (up_to, eligible, key, past, firsts) = match self {
             Order::Insert => (
+                "o.seq <= $3",
                 "",
                 "A.seq",
                 "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)",
@@ -256,6 +257,7 @@ impl Order {
             // The horizon is an index condition on outbox_commit_order: the scan stops where
             // the events of transactions still in progress begin, however many there are.
             Order::Commit => (
+                "o.xid <= ($3::text)::xid8",
                 " AND o.xid < pg_snapshot_xmin(pg_current_snapshot())",
                 "A.xid, A.seq",
                 "(o.xid, o.seq) > ((SELECT max(xid) FROM win1),
@@ -268,6 +270,7 @@ impl Order {
             ),
         };
         let mut t = CLAIM
+            .replace("{up_to}", up_to)
             .replace("{eligible}", eligible)
             .replace("{past}", past)
             .replace("{firsts:win1}", &firsts.replace("{w}", "win1"))
@@ -410,8 +413,9 @@ pub struct ClaimLimits {
     /// Payload bytes (`--batch-bytes`); the first event is taken whatever its size, except when
     /// claiming ahead.
     pub bytes: i64,
-    /// The highest `seq` to consider (`--once` stops at what existed when it started).
-    pub up_to_seq: i64,
+    /// The cut-off (`--once` stops at what existed when it started, [`cut_off`]): the highest
+    /// `seq` to consider in [`Order::Insert`], the highest `xid` in [`Order::Commit`].
+    pub up_to: i64,
     pub order: Order,
 }
 
@@ -487,7 +491,7 @@ async fn begin_and_claim(
     let ClaimLimits {
         batch,
         bytes,
-        up_to_seq,
+        up_to,
         order,
     } = limits;
     let window = batch.saturating_mul(WINDOW_FACTOR);
@@ -508,7 +512,7 @@ async fn begin_and_claim(
     let params: [(&(dyn ToSql + Sync), Type); 8] = [
         (&batch, Type::INT8),
         (&window, Type::INT8),
-        (&up_to_seq, Type::INT8),
+        (&up_to, Type::INT8),
         (&reach, Type::INT8),
         (&bytes, Type::INT8),
         (&gone, Type::INT8_ARRAY),
@@ -803,19 +807,29 @@ async fn put_back(
         .await
 }
 
-/// The highest `seq` now in the outbox (0 when empty): where `--once` stops.
-pub async fn max_seq(client: &Client, schema: &Schema) -> Result<i64> {
+/// Where `--once` stops: a cut through the outbox as it is now that takes a prefix of every
+/// aggregate's order, so that what it leaves for a later relay only ever follows what it
+/// publishes (0 when empty).
+///
+/// In [`Order::Insert`] that is the highest `seq`. In [`Order::Commit`] it is the highest `xid`
+/// of a live event: a transaction older than that one may still be open and insert more
+/// events, whose `seq`s come after every one seen now but whose place in the aggregate's
+/// order is before that newest transaction's events. A cut on `seq` published an aggregate's
+/// events 1 and 3 and left 2, of the older transaction, to the next relay. (Dead events are
+/// never claimed, so they do not count; the partial index `outbox_commit_order` answers it.)
+pub async fn cut_off(client: &Client, schema: &Schema, order: Order) -> Result<i64> {
+    let query = match order {
+        Order::Insert => "SELECT coalesce(max(seq), 0) AS up_to FROM {s}.outbox",
+        Order::Commit => {
+            "SELECT coalesce((SELECT xid::text::int8 FROM {s}.outbox WHERE dead_at IS NULL
+                               ORDER BY xid DESC, seq DESC LIMIT 1), 0) AS up_to"
+        }
+    };
     let row = client
-        .query_typed_one(
-            &sql(
-                schema,
-                "SELECT coalesce(max(seq), 0) AS seq FROM {s}.outbox",
-            ),
-            &[],
-        )
+        .query_typed_one(&sql(schema, query), &[])
         .await
         .context("cannot read the outbox")?;
-    Ok(row.get("seq"))
+    Ok(row.get("up_to"))
 }
 
 /// The commit order's horizon now: `pg_snapshot_xmin` of a fresh snapshot (the oldest

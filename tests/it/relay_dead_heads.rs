@@ -148,7 +148,7 @@ fn claim_buffers(env: &Env, order: leasectl::store::outbox::Order, reach: bool) 
         let limits = ClaimLimits {
             batch: 100,
             bytes: 16 << 20,
-            up_to_seq: i64::MAX,
+            up_to: i64::MAX,
             order,
         };
         let plan = explain_claim(&db.client, &db.schema, limits, reach)

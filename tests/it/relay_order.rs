@@ -145,6 +145,63 @@ fn commit_order_keeps_an_events_transaction_when_it_is_put_back() {
 }
 
 #[test]
+fn once_in_commit_order_takes_a_late_event_of_a_transaction_older_than_its_cut_off() {
+    // `--once` drains what existed when it started. In commit order that must be a prefix of
+    // every aggregate's (xid, seq) order: transaction A's second event of X is inserted after
+    // the relay started (so its seq is past every seq the relay saw), yet it sorts before B's
+    // event, which the relay did see. A cut on seq published 1, 3 and left 2 for the next relay.
+    let env = migrated();
+    let xid = settled_xid(&env);
+    let settled = |agg: &str, n: u32, xid: i64| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, type, payload, xid)
+             VALUES ('order', '{agg}', 'order.event', '{{\"n\": {n}}}', '{xid}'::xid8);"
+        )
+    };
+    // Fillers of another aggregate, older than both transactions, keep the relay busy (one at a
+    // time, a tenth of a second each) while A's late event goes in.
+    let fillers: String = (0..20).map(|n| settled("F", n, xid - 10)).collect();
+    env.sql(&format!(
+        "{fillers} {} {}",
+        settled("X", 1, xid - 5),
+        settled("X", 3, xid - 3)
+    ));
+    let log = env.path("delivered");
+    let sink = format!(
+        "exec:printf '%s\\n' \"$(cat)\" >> '{}'; sleep 0.1",
+        log.display()
+    );
+    let relay = Watched::new(
+        env.command()
+            .args(["relay", "--once", "--sink", &sink, "--order", "commit"])
+            .args(["--batch", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let xs = || -> Vec<u64> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["aggregate_id"] == "X")
+            .map(|v| v["payload"]["n"].as_u64().unwrap())
+            .collect()
+    };
+    wait_for("the first filler delivered", || log.exists());
+    assert!(xs().is_empty(), "X waits behind the fillers: {:?}", xs());
+    env.sql(&settled("X", 2, xid - 5));
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(
+        xs(),
+        [1, 2, 3],
+        "A's two events, then B's, from the one relay"
+    );
+}
+
+#[test]
 fn commit_order_warns_naming_the_backend_of_the_open_transaction() {
     let env = migrated();
     let mut a = scene(&env);
