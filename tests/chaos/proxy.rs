@@ -8,9 +8,15 @@
 //! * `reset` aborts every connection with a TCP reset (`SO_LINGER` 0), as a crashed peer or a
 //!   middlebox would.
 //!
+//! A black hole also models what no client can undo: a request it gave up on (no answer within
+//! its timeout, connection closed) is still queued, and reaches the server once the path heals
+//! — after whatever the client sent since on new connections, perhaps. The proxy marks such a
+//! connection before forwarding it ([`abandoned`]), so a receiver can tell a late copy of an
+//! abandoned request from what the client sends now.
+//!
 //! Plain std threads: two forwarders per connection, polling the mode every few milliseconds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +41,31 @@ pub struct Proxy {
 }
 
 const TICK: Duration = Duration::from_millis(10);
+
+/// The upstream ends (the address a receiver sees as its peer) of connections whose client had
+/// closed its side before the proxy forwarded what the black hole held: requests the client
+/// abandoned.
+static ABANDONED: Mutex<Option<HashSet<SocketAddr>>> = Mutex::new(None);
+
+/// Whether what arrives from `peer` (a connection the proxy opened upstream) is what a black
+/// hole held for a client that had already closed the connection: a request it abandoned.
+pub fn abandoned(peer: SocketAddr) -> bool {
+    ABANDONED
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|s| s.contains(&peer))
+}
+
+fn mark_abandoned(upstream_end: SocketAddr, on: bool) {
+    let mut set = ABANDONED.lock().unwrap();
+    let set = set.get_or_insert_with(HashSet::new);
+    if on {
+        set.insert(upstream_end);
+    } else {
+        set.remove(&upstream_end);
+    }
+}
 
 impl Proxy {
     pub fn start(upstream: SocketAddr) -> Proxy {
@@ -132,7 +163,9 @@ impl Drop for Proxy {
 fn connect(st: Arc<State>, client: TcpStream, upstream: SocketAddr) {
     // A black hole also swallows the connection attempt's traffic: hold the client until the
     // path heals, then connect upstream.
+    let mut held = false;
     while st.black_hole.load(Ordering::SeqCst) && !st.stop.load(Ordering::SeqCst) {
+        held = true;
         std::thread::sleep(TICK);
     }
     let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(5)) else {
@@ -140,6 +173,10 @@ fn connect(st: Arc<State>, client: TcpStream, upstream: SocketAddr) {
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    // A port the kernel hands out again must not carry an earlier connection's mark.
+    if let Ok(end) = server.local_addr() {
+        mark_abandoned(end, false);
+    }
     let id = st.next_id.fetch_add(1, Ordering::SeqCst);
     let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
         client.try_clone(),
@@ -151,22 +188,39 @@ fn connect(st: Arc<State>, client: TcpStream, upstream: SocketAddr) {
     };
     st.conns.lock().unwrap().insert(id, (c3, s3));
     let st2 = st.clone();
-    let up = std::thread::spawn(move || forward(&st2, client, server));
-    forward(&st, s2, c2);
+    let up = std::thread::spawn(move || forward(&st2, client, server, Some(held)));
+    forward(&st, s2, c2, None);
     let _ = up.join();
     st.conns.lock().unwrap().remove(&id);
 }
 
-/// Copies `from` to `to` until either side closes; while black-holed, reads nothing.
-fn forward(st: &State, mut from: TcpStream, mut to: TcpStream) {
+/// Copies `from` to `to` until either side closes; while black-holed, reads nothing. Towards
+/// the server (`upstream` is `Some`: whether a black hole held the connection's start), what a
+/// black hole held is read whole first: if the client closed its side meanwhile, the connection
+/// is marked [`abandoned`] before any of it is forwarded.
+fn forward(st: &State, mut from: TcpStream, mut to: TcpStream, upstream: Option<bool>) {
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = vec![0u8; 64 * 1024];
+    let mut held = upstream == Some(true);
     loop {
         if st.stop.load(Ordering::SeqCst) {
             break;
         }
         if st.black_hole.load(Ordering::SeqCst) {
+            held = true;
             std::thread::sleep(TICK);
+            continue;
+        }
+        if std::mem::take(&mut held) && upstream.is_some() {
+            let (queued, closed) = read_queued(&mut from, &mut buf);
+            if closed && !queued.is_empty() {
+                if let Ok(end) = to.local_addr() {
+                    mark_abandoned(end, true);
+                }
+            }
+            if to.write_all(&queued).is_err() || closed {
+                break;
+            }
             continue;
         }
         match from.read(&mut buf) {
@@ -187,6 +241,23 @@ fn forward(st: &State, mut from: TcpStream, mut to: TcpStream) {
     if !st.resetting.load(Ordering::SeqCst) {
         let _ = from.shutdown(Shutdown::Both);
         let _ = to.shutdown(Shutdown::Both);
+    }
+}
+
+/// Everything queued on `from` now (reads until one finds nothing within a tick), and whether
+/// the peer had closed its side behind it.
+fn read_queued(from: &mut TcpStream, buf: &mut [u8]) -> (Vec<u8>, bool) {
+    let mut queued = Vec::new();
+    loop {
+        match from.read(buf) {
+            Ok(0) => return (queued, true),
+            Ok(n) => queued.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return (queued, false)
+            }
+            Err(_) => return (queued, true),
+        }
     }
 }
 
@@ -225,6 +296,58 @@ mod tests {
             got.map_err(|e| e.kind()),
             Err(ErrorKind::ConnectionReset),
             "expected a reset"
+        );
+    }
+
+    /// A request sent into a black hole by a client that then closes is forwarded when the path
+    /// heals, marked as abandoned before its first byte arrives; one whose client still waits
+    /// is not marked.
+    #[test]
+    fn a_request_abandoned_in_a_black_hole_arrives_marked() {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = upstream.local_addr().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for s in upstream.incoming().flatten() {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let mut buf = [0u8; 16];
+                    if let Ok(n) = s.read(&mut buf) {
+                        let peer = s.peer_addr().unwrap();
+                        let _ = tx.send((buf[..n].to_vec(), abandoned(peer)));
+                    }
+                });
+            }
+        });
+        let proxy = Proxy::start(addr);
+        let mut gone = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        let mut waiting = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        // Both connections reach upstream before the path goes dark.
+        std::thread::sleep(TICK * 10);
+        proxy.set_black_hole(true);
+        // A forwarder sees the mode between reads: within a tick.
+        std::thread::sleep(TICK * 5);
+        gone.write_all(b"gone").unwrap();
+        waiting.write_all(b"wait").unwrap();
+        drop(gone);
+        // One connected while the path was dark: its start was held too.
+        let mut late = TcpStream::connect(("127.0.0.1", proxy.port)).unwrap();
+        late.write_all(b"late").unwrap();
+        drop(late);
+        std::thread::sleep(TICK * 10);
+        proxy.set_black_hole(false);
+        let mut got: Vec<(Vec<u8>, bool)> = (0..3)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                (b"gone".to_vec(), true),
+                (b"late".to_vec(), true),
+                (b"wait".to_vec(), false)
+            ]
         );
     }
 }

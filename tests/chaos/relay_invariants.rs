@@ -19,6 +19,9 @@ pub struct Figures {
     pub deliveries: usize,
     /// Deliveries of an event that had arrived before.
     pub copies: usize,
+    /// Copies that arrived late because their relay had abandoned the request
+    /// ([`crate::relay_sinks::Arrival::late`]): left out of the order.
+    pub late: usize,
     /// O violations inside the documented window of an abruptly ended session.
     pub excused: usize,
 }
@@ -126,6 +129,13 @@ pub fn check(b: &RelayBounds, o: &Outcome) -> (Vec<(RInv, String)>, Figures) {
     // pass; what it publishes meanwhile may interleave with the relay that took over. Violations
     // whose offending arrival falls in that window after such a fault are counted as excused,
     // not as violations.
+    //
+    // A request its relay abandoned — no answer within --timeout, the connection closed — may
+    // still reach the receiver: a black hole (a middlebox, or TCP retransmitting once the path
+    // heals) held it, and delivers it after whatever was sent since. No client can call such
+    // a request back; the receiver dedupes it by its Idempotency-Key. A copy of an event that
+    // had already arrived, which the proxy marked as abandoned, therefore takes no place in the
+    // order (it is counted as `late`). A first arrival takes its place whatever its path.
     let mut arrivals_of: HashMap<&str, Vec<usize>> = HashMap::new();
     for (i, a) in o.arrivals.iter().enumerate() {
         if let Some((agg, _)) = rank.get(a.id.as_str()) {
@@ -140,9 +150,14 @@ pub fn check(b: &RelayBounds, o: &Outcome) -> (Vec<(RInv, String)>, Figures) {
         let mut run_from = 0usize;
         let mut first: Option<String> = None;
         let mut bad = 0usize;
+        let mut arrived: HashSet<usize> = HashSet::new();
         for (k, &i) in idx.iter().enumerate() {
             let a = &o.arrivals[i];
             let r = rank[a.id.as_str()].1;
+            if !arrived.insert(r) && a.late {
+                fig.late += 1;
+                continue;
+            }
             if r == expect {
                 expect += 1;
             } else if r < expect {

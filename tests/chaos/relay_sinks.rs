@@ -46,6 +46,9 @@ pub struct Arrival {
     pub relay: String,
     pub id: String,
     pub agg: String,
+    /// A request its relay had given up on before it arrived: a black hole held it, and the
+    /// relay closed the connection meanwhile ([`crate::proxy::abandoned`]; the webhook only).
+    pub late: bool,
 }
 
 /// `id` and `aggregate_id` of a published event object (`--format json`).
@@ -308,7 +311,16 @@ fn tail(path: &Path, exec: bool, arrivals: &Arrivals, stop: &AtomicBool) {
                     String::new(),
                 )
             });
-            push(arrivals, Arrival { t, relay, id, agg });
+            push(
+                arrivals,
+                Arrival {
+                    t,
+                    relay,
+                    id,
+                    agg,
+                    late: false,
+                },
+            );
         }
         if last {
             break;
@@ -339,6 +351,7 @@ fn serve(listener: TcpListener, web: Arc<WebState>, arrivals: Arrivals, stop: Ar
 }
 
 fn http_conn(conn: TcpStream, web: &WebState, arrivals: &Arrivals) -> std::io::Result<()> {
+    let peer = conn.peer_addr()?;
     let mut out = conn.try_clone()?;
     let mut r = BufReader::new(conn);
     loop {
@@ -412,6 +425,7 @@ fn http_conn(conn: TcpStream, web: &WebState, arrivals: &Arrivals) -> std::io::R
                 relay,
                 id,
                 agg,
+                late: crate::proxy::abandoned(peer),
             },
         );
         out.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")?;
@@ -528,6 +542,7 @@ fn amqp_consume(
                             relay,
                             id,
                             agg,
+                            late: false,
                         },
                     );
                 }
@@ -631,6 +646,7 @@ fn nats_consume(
                             relay,
                             id,
                             agg,
+                            late: false,
                         },
                     );
                     continue;
