@@ -500,7 +500,10 @@ Sinks:
   http(s)://host/path            POST with Idempotency-Key = event id; 2xx = delivered
 
 No answer within --timeout is the event's refusal only if the sink answered other deliveries
-meanwhile; a sink that answers nobody is down and charges nothing.
+meanwhile; a sink that answers nobody is down and charges nothing. It ends the relay's wait, not
+the request: a proxy or a network path that held it may still deliver it later, after newer
+events of its aggregate; such a late copy is of an event the consumer has, so deduplicate on the
+event id (Idempotency-Key, message_id, Nats-Msg-Id).
 
 An event is published only while its batch's transaction is known to be open: the claim sets the
 transaction's idle_in_transaction_session_timeout (11s, plus --timeout for exec: and webhooks;
