@@ -1,4 +1,6 @@
-//! Records the git commit leasectl is built from, for `leasectl --version`.
+//! Records the git commit leasectl is built from, for `leasectl --version`, and the SHA-384
+//! checksum of every file in migrations/, which `leasectl` compares with a schema's ledger on
+//! every start (src/db/migrate.rs): hashing them when building spares each run the work.
 //!
 //! Sets `BUILT_FROM_COMMIT` to ` (<12 hex>)`, or ` (<12 hex>, dirty)` when tracked files differ
 //! from that commit, or to nothing when there is no git or no checkout (a crates.io tarball,
@@ -23,6 +25,35 @@ fn main() {
         None => String::new(),
     };
     println!("cargo:rustc-env=BUILT_FROM_COMMIT={suffix}");
+    migration_sums();
+}
+
+/// Writes `$OUT_DIR/migration_sums.rs`: `SUMS`, each `migrations/*.sql` file's name and the
+/// SHA-384 of its bytes, sorted by name (so by version).
+fn migration_sums() {
+    use sha2::{Digest, Sha384};
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let dir = manifest.join("migrations");
+    println!("cargo:rerun-if-changed=migrations");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("migrations/ is readable")
+        .map(|e| e.expect("migrations/ is readable").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+        .collect();
+    files.sort();
+    let mut out = String::from("pub const SUMS: &[(&str, [u8; 48])] = &[\n");
+    for f in files {
+        let text = std::fs::read(&f).expect("a migration is readable");
+        let sum: Vec<String> = Sha384::digest(&text).iter().map(u8::to_string).collect();
+        let name = f
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a UTF-8 name");
+        out.push_str(&format!("    ({name:?}, [{}]),\n", sum.join(", ")));
+    }
+    out.push_str("];\n");
+    let target = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
+    std::fs::write(target.join("migration_sums.rs"), out).expect("OUT_DIR is writable");
 }
 
 /// The short hash of HEAD and whether the work tree is dirty, or None outside a checkout.
