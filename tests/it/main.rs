@@ -16,6 +16,7 @@ mod cli;
 mod cloudevents;
 mod completions;
 mod connect;
+mod doc_examples;
 mod doctor;
 mod events;
 mod examples;
