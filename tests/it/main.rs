@@ -50,6 +50,7 @@ mod relay_wake;
 mod release;
 mod replace;
 mod safety;
+mod scripts;
 mod singleflight;
 mod sink_brokers;
 mod sink_local;
