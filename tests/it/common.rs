@@ -93,7 +93,7 @@ fn ensure_database() {
             let client = settings
                 .open_client()
                 .await
-                .expect("cannot reach PostgreSQL for tests (see README: Tests)");
+                .expect("cannot reach PostgreSQL for tests (see docs/guide/testing.md)");
             if let Err(e) = client.batch_execute("CREATE DATABASE leasectl_test").await {
                 let code = e.code().map(|c| c.code().to_owned()).unwrap_or_default();
                 // 42P04: exists; 23505: a parallel test process created it at the same moment.
