@@ -27,7 +27,7 @@ use crate::common::*;
 
 /// The directory of the server binaries: `LEASECTL_TEST_PG_BIN`, else the newest of Debian's
 /// `/usr/lib/postgresql/<version>/bin` (`postgresql-15` on this project's machines).
-fn pg_bin_dir() -> PathBuf {
+pub(crate) fn pg_bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("LEASECTL_TEST_PG_BIN") {
         return dir.into();
     }
@@ -49,7 +49,7 @@ fn pg_bin_dir() -> PathBuf {
 }
 
 /// A server binary, or a failure saying how to get it.
-fn pg_bin(name: &str) -> PathBuf {
+pub(crate) fn pg_bin(name: &str) -> PathBuf {
     let path = pg_bin_dir().join(name);
     assert!(
         path.exists(),
@@ -62,7 +62,7 @@ fn pg_bin(name: &str) -> PathBuf {
 
 /// A server binary run as the `postgres` OS user when the tests run as root (the server refuses
 /// to run as root), from `/` (the checkout may be closed to that user).
-fn as_postgres(name: &str) -> Command {
+pub(crate) fn as_postgres(name: &str) -> Command {
     let bin = pg_bin(name);
     let mut c = if nix::unistd::geteuid().is_root() {
         let mut c = Command::new("runuser");
@@ -76,7 +76,7 @@ fn as_postgres(name: &str) -> Command {
 }
 
 /// Runs `cmd` to completion and panics with its output unless it succeeded.
-fn must(cmd: &mut Command) -> Output {
+pub(crate) fn must(cmd: &mut Command) -> Output {
     let out = cmd.output_within(PATIENCE);
     assert!(
         out.status.success(),
@@ -88,10 +88,10 @@ fn must(cmd: &mut Command) -> Output {
 }
 
 /// One PostgreSQL server: its data directory, its port and its log.
-struct Node {
-    name: &'static str,
-    data: PathBuf,
-    port: u16,
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    pub(crate) data: PathBuf,
+    pub(crate) port: u16,
 }
 
 impl Node {
@@ -111,7 +111,7 @@ impl Node {
     }
 
     /// Runs SQL as the superuser through psql; the rows, `|`-separated, or the error.
-    fn try_sql(&self, sql: &str) -> Result<String, String> {
+    pub(crate) fn try_sql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new(pg_bin("psql"))
             .args([
                 "-XtAq",
@@ -132,7 +132,7 @@ impl Node {
         }
     }
 
-    fn sql(&self, sql: &str) -> String {
+    pub(crate) fn sql(&self, sql: &str) -> String {
         self.try_sql(sql)
             .unwrap_or_else(|e| panic!("{} ({}): {sql}: {e}", self.name, self.port))
     }
@@ -696,7 +696,7 @@ fn doctor_at(node: &Node, dir: &Path) -> (serde_json::Value, Output) {
 }
 
 /// The `name` check of a doctor report: its status and its detail with its fix.
-fn doctor_check(doc: &serde_json::Value, name: &str) -> (String, String) {
+pub(crate) fn doctor_check(doc: &serde_json::Value, name: &str) -> (String, String) {
     let c = doc["checks"]
         .as_array()
         .unwrap()

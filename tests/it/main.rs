@@ -32,6 +32,7 @@ mod max_holders;
 mod metrics;
 mod netfault;
 mod outage;
+mod patroni;
 mod pooler;
 mod privileges;
 mod proxy;
