@@ -138,7 +138,7 @@ pub async fn replication(ctx: &Ctx) -> Result<Check> {
     );
     let waits = matches!(r.commit.as_str(), "on" | "remote_write" | "remote_apply");
     let alter = format!("ALTER ROLE {role} SET synchronous_commit = 'remote_apply';");
-    let loses = "a failover to one can lose stored runs, their results and outbox events that leasectl reported stored, and an acquisition (the next holder then gets the same fence: docs/OPERATIONS.md, \"What asynchronous replication can lose\")";
+    let loses = "a failover to one can lose stored runs, their results and outbox events that leasectl reported stored, and an acquisition (another caller then acquires while the lost holder still runs, under a greater fence of the new timeline: docs/OPERATIONS.md, \"What asynchronous replication can lose\")";
     if r.standbys == 0 {
         return Ok(Check::ok(
             "replication",

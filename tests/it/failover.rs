@@ -719,6 +719,12 @@ fn doctor_warns_of_an_asynchronous_standby_on_the_primary_and_fails_on_the_stand
         detail.contains("1 streaming standby(s), all asynchronous"),
         "{detail}"
     );
+    // Fences carry the timeline: what a lossy failover costs is an overlap, not a repeated fence.
+    assert!(
+        detail.contains("under a greater fence of the new timeline")
+            && !detail.contains("same fence"),
+        "{detail}"
+    );
     assert!(
         detail.contains("ALTER ROLE \\\"postgres\\\" SET synchronous_commit = 'remote_apply'"),
         "{detail}"
