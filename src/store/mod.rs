@@ -15,6 +15,7 @@
 //! into statement templates), so a change to what "expired" or "held" means cannot miss a copy.
 
 pub mod health;
+pub mod holder;
 pub mod leases;
 pub mod outbox;
 pub mod runs;

@@ -363,7 +363,7 @@ pub async fn record_lost(
         None => Lost::Lost,
         Some(fence) => Lost::Preempted {
             fence,
-            by: super::leases::who(
+            by: super::holder::who(
                 row.get("holder_host"),
                 row.get("holder_pid"),
                 row.get("holder_label"),
@@ -656,7 +656,7 @@ pub async fn skip_without_lease(
             slot: row.get("slot"),
             running: row.get("running"),
             holder: live.then(|| {
-                super::leases::who(
+                super::holder::who(
                     row.get("holder_host"),
                     row.get("holder_pid"),
                     row.get("holder_label"),

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
-use super::leases::{holder_from_row, Holder};
+use super::holder::{holder_from_row, Holder};
 use super::{ms, sql};
 use crate::db::Schema;
 
@@ -298,7 +298,7 @@ pub async fn look(
     let stopping = row
         .get::<_, Option<i64>>("stopping_left_ms")
         .map(|left| Stopping {
-            who: super::leases::who(row.get("stopping_host"), row.get("stopping_pid"), None),
+            who: super::holder::who(row.get("stopping_host"), row.get("stopping_pid"), None),
             fence: row.get::<_, Option<i64>>("stopping_fence").unwrap_or(0),
             left: crate::fmt::millis(left),
         });
