@@ -34,6 +34,7 @@ pub mod fmt;
 pub mod health;
 #[macro_use]
 pub mod log;
+pub mod model;
 pub mod process;
 pub mod relay;
 pub mod run;
