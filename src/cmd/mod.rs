@@ -122,7 +122,7 @@ fn statement_window() -> Result<Duration> {
 /// relay's statements may go unanswered.
 pub fn statement_timeout() -> Result<Option<Duration>> {
     match std::env::var("LEASECTL_STATEMENT_TIMEOUT") {
-        Ok(v) if !v.trim().is_empty() => crate::config::parse_duration(v.trim())
+        Ok(v) if !v.trim().is_empty() => crate::model::flags::parse_duration(v.trim())
             .map(Some)
             .map_err(|e| crate::exit::usage(format!("LEASECTL_STATEMENT_TIMEOUT: {e}"))),
         _ => Ok(None),
@@ -159,7 +159,7 @@ where
 {
     let window = statement_window()?;
     let limit = settings.connect_budget().saturating_add(window);
-    let at = crate::config::deadline(Instant::now(), limit);
+    let at = crate::model::time::deadline(Instant::now(), limit);
     let what = format!(
         "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
         settings.describe(),

@@ -100,7 +100,7 @@ async fn release_force(db: &Db, args: &ReleaseArgs) -> Result<Exit> {
 async fn wait_for_stop(db: &Db, target: &str, old: &Holder, started: Instant) -> Result<String> {
     // The old holder cannot run past its TTL after its last heartbeat; measured from before
     // the release was sent, so never later than on the database's clock.
-    let expires_at = crate::config::deadline(started, old.expires_in);
+    let expires_at = crate::model::time::deadline(started, old.expires_in);
     super::extend_deadline(old.expires_in);
     loop {
         let recorded = runs::stop_recorded(&db.client, &db.schema, target, old.fence);

@@ -133,7 +133,7 @@ impl Settings {
                     .map(Duration::from_secs)
             })
             .unwrap_or(CONNECT_TIMEOUT)
-            .clamp(MIN_CONNECT_TIMEOUT, crate::config::MAX_DURATION);
+            .clamp(MIN_CONNECT_TIMEOUT, crate::model::time::MAX_DURATION);
         config.connect_timeout(connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("leasectl");

@@ -32,7 +32,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// `name` must already have passed [`crate::config::parse_schema`]; quoting is still applied,
+    /// `name` must already have passed [`crate::model::flags::parse_schema`]; quoting is still applied,
     /// so even a name that slipped through could not break out of the identifier.
     pub fn new(name: &str) -> Schema {
         Schema {

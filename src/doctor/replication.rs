@@ -219,7 +219,7 @@ pub async fn statement_timeout(ctx: &Ctx) -> Result<Check> {
         Ok(v) => v,
         Err(e) => return could_not(ctx, NAME, "read statement_timeout", e),
     };
-    let floor = crate::config::parse_duration(own).map_or(30_000, fmt::ms);
+    let floor = crate::model::flags::parse_duration(own).map_or(30_000, fmt::ms);
     Ok(if ms > 0 && ms < floor {
         Check::warn(
             NAME,

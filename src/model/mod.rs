@@ -2,4 +2,6 @@
 //! (the flags, the store, the run path, the relay). It imports nothing else of the crate, so
 //! every other module may depend on it and no import cycle can pass through it.
 
+pub mod flags;
 pub mod health;
+pub mod time;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout, Instant};
 
-use crate::config::deadline;
+use crate::model::time::deadline;
 use crate::db::{self, Db};
 use crate::store::leases::{self, Lease};
 

@@ -38,7 +38,9 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
-use crate::config::{deadline, RunConfig, Wait};
+use crate::config::RunConfig;
+use crate::model::flags::Wait;
+use crate::model::time::deadline;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::process::Capture;
