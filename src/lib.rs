@@ -35,6 +35,7 @@ pub mod health;
 #[macro_use]
 pub mod log;
 pub mod model;
+pub mod out;
 pub mod process;
 pub mod relay;
 pub mod run;

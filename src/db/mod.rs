@@ -7,6 +7,7 @@
 
 pub mod connect;
 pub mod conninfo;
+pub mod deadline;
 pub mod migrate;
 pub mod notify;
 pub mod pgpass;

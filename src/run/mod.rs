@@ -39,10 +39,10 @@ use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
 use crate::config::RunConfig;
-use crate::model::flags::Wait;
-use crate::model::time::deadline;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
+use crate::model::flags::Wait;
+use crate::model::time::deadline;
 use crate::process::Capture;
 use crate::signals::Signals;
 use crate::store;
@@ -281,7 +281,9 @@ async fn connect(
     give_up_at: Option<Instant>,
 ) -> Result<Option<Db>> {
     if cfg.wait.is_none() {
-        return crate::cmd::connect(db_args).await.map(Some);
+        return crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema)
+            .await
+            .map(Some);
     }
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
@@ -289,7 +291,8 @@ async fn connect(
     loop {
         // The first attempt is made however short the limit; later ones only within it.
         let limit = give_up_at.map(|g| g.max(started + FIRST_CONNECT));
-        let attempt = crate::cmd::connect(db_args);
+        let attempt =
+            crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema);
         let e = match limit {
             Some(l) => match tokio::time::timeout_at(l, attempt).await {
                 Ok(r) => r,
@@ -629,7 +632,7 @@ fn print_stdout(cfg: &RunConfig, bytes: &[u8]) -> Result<()> {
     if cfg.quiet {
         return Ok(());
     }
-    crate::cmd::print(bytes)
+    crate::out::print(bytes)
 }
 
 /// How the command ended, as the run records it.
