@@ -319,7 +319,7 @@ pub struct RunArgs {
     /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
     /// @monthly, @yearly, @annually): a caller whose slot any host already did, or is doing,
     /// records a skip and exits 0
-    #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
+    #[arg(long, value_parser = crate::model::slot::parse_expr, value_name = "SCHEDULE",
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
 
@@ -469,7 +469,7 @@ Examples:
   jq -n --arg f \"$FILE\" '{file: $f}' | leasectl emit --aggregate-type export --aggregate-id daily --type export.ready";
 /// An IANA zone name for `--slot-tz`, kept as given (it is stored with the schedule).
 fn parse_zone(s: &str) -> Result<String, String> {
-    crate::run::slot::parse_zone(s).map(|_| s.trim().to_owned())
+    crate::model::slot::parse_zone(s).map(|_| s.trim().to_owned())
 }
 
 const RELAY_HELP: &str = "\

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::cli::{LeaseArgs, RunArgs};
 use crate::error::usage;
 use crate::model::flags::{Wait, DEFAULT_WAIT_NOTICE, MAX_CAPTURE_LIMIT};
-use crate::run::slot::Schedule;
+use crate::model::slot::Schedule;
 use crate::store::waiters::QueueMode;
 
 /// A `run` invocation, with defaults filled in and every cross-flag rule checked.
@@ -88,8 +88,8 @@ impl SlotConfig {
 
 impl RunConfig {
     /// The heartbeat schedule's durations.
-    pub fn times(&self) -> crate::run::heartbeat::Times {
-        crate::run::heartbeat::Times {
+    pub fn times(&self) -> crate::model::time::Times {
+        crate::model::time::Times {
             ttl: self.ttl,
             interval: self.heartbeat,
             kill_after: self.kill_after,

@@ -30,7 +30,7 @@ pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(3600);
 const MAX_STEPS: usize = 2_000;
 
 /// The schedules of `run --slot` (a stored schedule is one `--slot` accepted).
-pub use crate::run::slot::Schedule;
+pub use crate::model::slot::Schedule;
 
 impl Schedule {
     /// The latest slot that is over at `now`: the slot `[start, end)` with the latest end such

@@ -4,4 +4,5 @@
 
 pub mod flags;
 pub mod health;
+pub mod slot;
 pub mod time;

@@ -42,6 +42,7 @@ use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::model::flags::Wait;
+use crate::model::slot::Slot;
 use crate::model::time::deadline;
 use crate::process::Capture;
 use crate::signals::Signals;
@@ -51,7 +52,6 @@ use crate::store::runs::{self, Outcome, RunRecord, Saved, SlotCheck};
 use child::{Child, Spec};
 use events::{EventsFile, JobEvents};
 use heartbeat::Heartbeat;
-use slot::Slot;
 use wait::{obtain, Obtained, Resume};
 
 /// How long one statement may go unanswered before the database counts as unavailable (the

@@ -14,7 +14,7 @@ use super::{ms, sql};
 use crate::db::Schema;
 use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
-use crate::run::slot::Slot;
+use crate::model::slot::Slot;
 
 /// The columns of a run row, in the order of [`RunFields::params`]' `$1…$21` and then
 /// `done_by`: written once for every insert (the fenced save, the `lost` record, the skip).
