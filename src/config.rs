@@ -243,8 +243,8 @@ pub fn times(
         )));
     }
     // The holder must be able to miss one heartbeat, notice at the next, and still have the
-    // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. SPEC makes anything
-    // tighter a usage error rather than a lease that silently cannot keep its promise.
+    // child dead (SIGTERM, grace, SIGKILL) before the TTL runs out. Anything tighter is
+    // a usage error rather than a lease that silently cannot keep its promise.
     if heartbeat * 2 + kill_after >= ttl {
         return Err(usage(format!(
             "--heartbeat {} and --kill-after {} do not fit in --ttl {} (need 2×heartbeat + kill-after < ttl)",

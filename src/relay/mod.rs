@@ -717,7 +717,8 @@ impl Relay {
         };
         if let Some(failed) = failed {
             if delivered > 0 {
-                // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
+                // Only say "will" when the transaction certainly rolled back: a COMMIT whose answer
+                // never came may have committed, and then the events are not published again.
                 warn!(
                     "could not record {delivered} delivered events ({}); {}",
                     db::reason(&failed.error),
@@ -892,7 +893,7 @@ impl Relay {
 
     /// Warns, naming the backend, when a transaction open longer than `--poll` × 10 holds back
     /// the xmin horizon while this relay deletes events: VACUUM cannot remove the deleted rows,
-    /// and every claim wades through them (issue 12 §5.9). Looks at most once per `--poll` × 10
+    /// and every claim wades through them. Looks at most once per `--poll` × 10
     /// (capped at a minute), only after deleting events, and warns once per backend. Best
     /// effort.
     async fn watch_xmin_horizon(&mut self, db: &Db) -> Result<(), Lost> {

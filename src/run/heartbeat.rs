@@ -1,6 +1,6 @@
 //! Keeping a held lease alive, and knowing when to give up on it.
 //!
-//! The rule (SPEC, "stop before the lease can be taken over") in one place: the database moved
+//! The rule "stop before the lease can be taken over", in one place: the database moved
 //! `heartbeat_at` no earlier than the moment we *sent* a heartbeat that succeeded, so the lease
 //! cannot expire before `sent + ttl`. Stopping the command starts at
 //! `sent + ttl - kill_after - margin`, so its SIGKILL lands before anyone can take over.

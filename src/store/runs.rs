@@ -275,7 +275,7 @@ impl RunFields {
     }
 }
 
-/// The outbox event of a stored run (SPEC: at least run_id, target, fence, exit_code — null
+/// The outbox event of a stored run (at least run_id, target, fence, exit_code — null
 /// when a signal ended the command, with `signal` set — started_at, finished_at, host; and
 /// `slot`, `slot_end` for `run --slot`, null otherwise).
 /// Built here rather than in SQL: a fresh server backend would otherwise spend more time

@@ -1,6 +1,6 @@
-//! Dead events ahead of the live ones (issue 12 §5.9): 300,000 dead heads made every claim walk
-//! through all of them (0.7 s a claim). The relay must still deliver every live event, in each
-//! aggregate's order, and still hold back every aggregate with a dead or retrying event — and a
+//! Dead events ahead of the live ones: a claim must not walk through them (docs/BENCHMARKS.md,
+//! "Dead heads ahead of live events", has the figures). The relay must still deliver every live
+//! event, in each aggregate's order, and still hold back every aggregate with a dead or retrying event — and a
 //! claim must touch about as much of the table as it does without the dead events.
 //!
 //! No wall-clock thresholds: the speed property is asserted on the buffers the claim statement
