@@ -1,8 +1,8 @@
-//! Raw flag values checked into the values the rest of the program trusts.
+//! A run's flags checked into the [`RunConfig`] the rest of the program trusts.
 //!
-//! The `parse_*` functions are clap value parsers, so a bad value is a one-line usage error
-//! naming the flag. [`RunConfig::new`] applies the rules that involve several flags, such as
-//! "two heartbeats plus the kill grace must fit inside the TTL", before anything connects.
+//! Each value was checked alone by clap (the parsers of [`crate::model::flags`]);
+//! [`RunConfig::new`] applies the rules that involve several flags, such as "two heartbeats plus
+//! the kill grace must fit inside the TTL", before anything connects.
 
 use std::ffi::OsString;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Data on stdout: every command's output goes through [`print`], never the std print macros,
+//! Data on stdout: every command's output goes through [`print()`], never the std print macros,
 //! which panic when the reader of a pipe has gone.
 
 use anyhow::Result;

@@ -1,4 +1,4 @@
-//! PostgreSQL: connecting ([`connect`], with [`tls`]), keeping the schema current ([`migrate`])
+//! PostgreSQL: connecting ([`connect`], with [`tls`]), keeping the schema current ([`migrate()`])
 //! and the NOTIFY stream ([`notify`]).
 //!
 //! Every command calls [`Db::connect`], which applies pending migrations under an advisory lock

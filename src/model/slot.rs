@@ -136,7 +136,7 @@ impl Schedule {
     }
 
     /// The shortest time between two consecutive scheduled instants, over the first
-    /// [`INTERVAL_SAMPLES`] instants from a fixed reference (so every host computes the same
+    /// `INTERVAL_SAMPLES` instants from a fixed reference (so every host computes the same
     /// value, whatever its clock says).
     pub fn shortest_interval(&self) -> Duration {
         let mut shortest: Option<Duration> = None;
@@ -175,7 +175,7 @@ impl Schedule {
     }
 
     /// `--slot-skew`'s default: a minute, or a quarter of the shortest interval if less. Most
-    /// schedules are settled by [`Schedule::minute_gap`] without a search.
+    /// schedules are settled by `Schedule::minute_gap` without a search.
     pub fn default_skew(&self) -> Duration {
         if self.minute_gap() >= DEFAULT_SKEW * 4 {
             return DEFAULT_SKEW;

@@ -10,7 +10,7 @@
 //!
 //! While batches come back full (a backlog), publishing takes longer than claiming, and every
 //! event of a batch was delivered, the next batch is claimed on a second connection while this
-//! one is published ([`Ahead`]; the
+//! one is published (`Ahead`; the
 //! statement's side is "Claiming ahead" in [`outbox`]), so the sink never waits for the
 //! database between batches. The two batches commit in order, and the second is published only
 //! after the first committed.

@@ -1,18 +1,18 @@
 //! The run path of `leasectl run`: take the lease, run the command, keep the lease alive,
-//! store the result. [`wait`] gets the lease, [`heartbeat`] keeps it, [`child`] is the
+//! store the result. `wait` gets the lease, [`heartbeat`] keeps it, `child` is the
 //! command.
 //!
 //! The flow, top to bottom in [`run`]:
 //!
 //! 1. `--reuse-within`: print a fresh stored result and stop.
-//! 2. [`wait::obtain`]: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
+//! 2. `wait::obtain`: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
 //!    to expire (polling), sharing the result of the run we waited for when reuse is on.
-//! 3. [`prepare`]: what must happen between acquiring and spawning, each statement bounded by
+//! 3. `prepare`: what must happen between acquiring and spawning, each statement bounded by
 //!    the lease's own deadline: nothing is spawned unless there is still time to stop it
 //!    before the lease could expire. With `--slot`, this is where the slot is computed (on the
 //!    database's clock, from the acquisition) and a slot already done is skipped, under the
 //!    lease ([`slot`], `store::runs::skip_if_done`).
-//! 4. [`execute`]: spawn the child, then select between "child exited", "lease lost",
+//! 4. `execute`: spawn the child, then select between "child exited", "lease lost",
 //!    "--timeout" and "signal received"; stop the child when needed; store the run and its
 //!    event with the fenced save, which also releases the lease.
 //!

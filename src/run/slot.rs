@@ -1,4 +1,4 @@
-//! `run --slot` when the target is busy: [`skip_if_running`].
+//! `run --slot` when the target is busy: `skip_if_running`.
 //!
 //! If the holder is doing this very slot, there is nothing left to do — the caller records a
 //! `skipped` run and exits with `--done-exit-code` at once, `--wait` or not. Only a holder of an

@@ -3,7 +3,7 @@
 //! One row per target (`leases`). Every transition is one statement whose WHERE names the
 //! holder's token, so a holder that was taken over or force-released touches 0 rows — and that
 //! *is* how it learns it lost (river's `river_leader.sql` works the same way). Expiry is always
-//! `heartbeat_at + ttl_ms < now()` on the server ([`super::EXPIRED`]): the holder's own TTL,
+//! `heartbeat_at + ttl_ms < now()` on the server (`super::EXPIRED`): the holder's own TTL,
 //! the database's clock.
 //!
 //! Statements use `query_typed`, which skips the separate prepare round trip; most of a short

@@ -11,7 +11,7 @@
 //!   incidents a relay opens and closes with their events.
 //!
 //! Rows are read by column name into small structs; callers never see a `Row`. The few
-//! predicates that more than one statement needs are defined once here ([`sql`] splices them
+//! predicates that more than one statement needs are defined once here (`sql` splices them
 //! into statement templates), so a change to what "expired" or "held" means cannot miss a copy.
 
 pub mod health;

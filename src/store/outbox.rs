@@ -38,7 +38,7 @@
 //! relay commits — by which time everything it deleted has been published. Rows are deleted
 //! *before* publishing but the deletion is committed only *after* the sink confirmed them, so a
 //! relay killed mid-batch leaves them all in place (at-least-once). What was not delivered is
-//! put back by [`restore`] in the same transaction, with its original `seq` and `id`.
+//! put back by `restore` in the same transaction, with its original `seq` and `id`.
 //!
 //! # No session state
 //!
@@ -420,7 +420,7 @@ pub struct ClaimLimits {
 
 /// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
 /// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
-/// `idle` unless the session's own is shorter ([`SET_IDLE`]); all of it goes out together (one
+/// `idle` unless the session's own is shorter (`SET_IDLE`); all of it goes out together (one
 /// round trip). With `reach`, the claim may look past its window for other aggregates' heads
 /// (step 3 of the module documentation), taking in as much as [`Reach`] says. With `after`, it claims the batch that follows that
 /// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
@@ -561,7 +561,7 @@ pub struct SettleFailed {
     pub outcome_unknown: bool,
 }
 
-/// Ends a batch's transaction: puts back what was not delivered ([`restore`]) and commits, which
+/// Ends a batch's transaction: puts back what was not delivered (`restore`) and commits, which
 /// makes the delivered events' deletion final. On error the transaction is rolled back.
 pub async fn settle(
     client: &Client,

@@ -80,7 +80,7 @@ pub struct RunRecord<'a> {
     pub argv: Vec<String>,
     pub host: &'a str,
     pub pid: i32,
-    /// When the command started and finished, on the database clock ([`DbClock`]): hosts'
+    /// When the command started and finished, on the database clock ([`DbClock`](super::leases::DbClock)): hosts'
     /// clocks never enter the record.
     pub started_at: SystemTime,
     pub finished_at: SystemTime,
@@ -438,7 +438,7 @@ const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
 /// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
 /// latest one seen wins; `schedule_since` says since when, for the health check: a schedule
 /// that is new, changed, or stored again after `expect --clear` forgot it watches the target
-/// from now on) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
+/// from now on) and, if a run of the target already did `skip.slot` (`SLOT_DONE`),
 /// records `skip` as a `skipped` run naming it (`done_by`; no output, no outbox event) and
 /// releases the lease. Otherwise it writes on the lease row which slot of which schedule the
 /// caller is now doing, and the id its run will be stored with (`run_id`): a contender of the
@@ -572,7 +572,7 @@ pub struct SlotCaller<'a> {
 /// For a `--slot` caller that found the target busy, in one statement and without the lease:
 /// if the lease row says its holder is doing the caller's slot — the same schedule and zone,
 /// and the database's `now() + skew` inside the slot the holder recorded (see [`skip_if_done`])
-/// — and that run is not stored yet, or it is stored and did the slot ([`SLOT_DONE`], by the
+/// — and that run is not stored yet, or it is stored and did the slot (`SLOT_DONE`, by the
 /// caller's `--until-success`), records `skip` as a `skipped` run naming it (`done_by`, the id
 /// the holder's run has or will have; `done_by_running` while it is not stored) with that run's
 /// fence, the slot and the caller's host, pid and label; no output, no outbox event.

@@ -6,7 +6,7 @@
 //! ([`super::leases::acquire`]) grants the lease only while no live ordered waiter with an
 //! earlier ticket exists, and deletes the winner's row in the same statement. A waiter that
 //! gives up (signal, `--wait`'s limit, superseded) deletes its row ([`leave`]); one that dies is
-//! ignored once its TTL ran out ([`LIVE`]) and deleted by the next arrival.
+//! ignored once its TTL ran out (`LIVE_WAITER` in the shared predicates) and deleted by the next arrival.
 //!
 //! Every change that can let another waiter go (a leave, a supersession) is announced on the
 //! lease channel with the target as payload, like a release: waiters wake at once.
