@@ -425,7 +425,7 @@ pub struct LeaseArgs {
         value_name = "MODE",
         requires = "wait"
     )]
-    pub queue: crate::store::waiters::QueueMode,
+    pub queue: crate::model::order::QueueMode,
 
     /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
     #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
@@ -734,7 +734,7 @@ pub struct RelayArgs {
     /// Order of an aggregate's events: insert (by seq, at once) or commit (only once every
     /// older transaction has ended; see the README)
     #[arg(long, value_parser = parse_order, default_value = "insert", value_name = "ORDER")]
-    pub order: crate::store::outbox::Order,
+    pub order: crate::model::order::Order,
     /// Payload bytes in flight (e.g. 4MiB), shared by the batch in hand and the next one claimed
     /// meanwhile; an event larger than that goes alone
     #[arg(long, value_parser = parse_byte_size, default_value = "16MiB", value_name = "BYTES")]
@@ -830,10 +830,10 @@ pub struct PruneArgs {
     pub dry_run: bool,
 }
 
-fn parse_order(s: &str) -> Result<crate::store::outbox::Order, String> {
+fn parse_order(s: &str) -> Result<crate::model::order::Order, String> {
     match s {
-        "insert" => Ok(crate::store::outbox::Order::Insert),
-        "commit" => Ok(crate::store::outbox::Order::Commit),
+        "insert" => Ok(crate::model::order::Order::Insert),
+        "commit" => Ok(crate::model::order::Order::Commit),
         _ => Err(format!("'{s}' is not an order (insert or commit)")),
     }
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use crate::cli::{LeaseArgs, RunArgs};
 use crate::error::usage;
 use crate::model::flags::{Wait, DEFAULT_WAIT_NOTICE, MAX_CAPTURE_LIMIT};
+use crate::model::order::QueueMode;
 use crate::model::slot::Schedule;
-use crate::store::waiters::QueueMode;
 
 /// A `run` invocation, with defaults filled in and every cross-flag rule checked.
 #[derive(Debug, Clone)]

@@ -4,5 +4,6 @@
 
 pub mod flags;
 pub mod health;
+pub mod order;
 pub mod slot;
 pub mod time;

@@ -94,6 +94,7 @@ use tokio_postgres::{Client, Row};
 use super::{ms, sql};
 use crate::db::Schema;
 use crate::fmt::rfc3339;
+use crate::model::order::Order;
 
 /// One outbox event, ready to publish: what every sink gets.
 #[derive(Debug, Clone)]
@@ -231,17 +232,6 @@ RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_i
           o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
           o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
           o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
-
-/// In which order the relay publishes an aggregate's events (`relay --order`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// By `seq`, taken at insert: every committed event is published at once. Two transactions
-    /// writing one aggregate concurrently can commit in the other order than their `seq`s.
-    Insert,
-    /// By `(xid, seq)`, and only events whose transaction is older than every transaction still
-    /// in progress (migrations/0009_commit_order.sql): nothing can commit later ahead of them.
-    Commit,
-}
 
 impl Order {
     /// The claim statement for this order, with the shared predicates and the schema spliced in.

@@ -20,34 +20,7 @@ use tokio_postgres::{Client, Row};
 use super::holder::{holder_from_row, Holder};
 use super::{ms, sql};
 use crate::db::Schema;
-
-/// How a waiter keeps its place (`run --queue`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum QueueMode {
-    // (Plain comments: doc comments here would turn `run --help` into its long form.)
-    // First come, first served: waiters take the lease in arrival order.
-    Fifo,
-    // A new waiter supersedes every older waiter of the target (which exit busy).
-    Latest,
-    // No order among these waiters (leasectl before queues); they still go after the ordered
-    // waiters, and are listed in `status`.
-    Unordered,
-}
-
-impl QueueMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueMode::Fifo => "fifo",
-            QueueMode::Latest => "latest",
-            QueueMode::Unordered => "unordered",
-        }
-    }
-
-    /// Whether the waiter keeps (and holds others to) its place.
-    pub fn ordered(self) -> bool {
-        self != QueueMode::Unordered
-    }
-}
+use crate::model::order::QueueMode;
 
 /// Our place in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
