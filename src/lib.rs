@@ -26,8 +26,9 @@
 //! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
 //!   `main.rs` maps the outcome to one and prints errors once; [`out`] writes data to stdout.
 //! * [`model`] is the vocabulary underneath them all (flag values, durations and deadlines,
-//!   `--slot` schedules, the dead-man switch's facts): it imports nothing else of the crate, and
-//!   `scripts/check-cycles` keeps every import between modules going one way.
+//!   `--slot` schedules, queue and publishing orders, the dead-man switch's facts): it imports
+//!   nothing else of the crate, and `scripts/check-cycles` keeps every import between modules
+//!   going one way.
 
 pub mod cli;
 pub mod cmd;
