@@ -3,9 +3,9 @@
 //!
 //! How a `leasectl run` flows through the modules:
 //!
-//! * [`cli`] parses flags (values checked there, by the parsers of [`model::flags`]), [`config`]
-//!   turns them into a [`config::RunConfig`] with the cross-flag rules applied — all before
-//!   anything connects.
+//! * [`cli`] parses flags (values checked there, by the parsers of [`model::flags`]); the run
+//!   path turns them into a [`config::RunConfig`] with the cross-flag rules of [`config`] applied
+//!   — all before anything connects.
 //! * [`db`] finds the database like libpq does, connects (TLS in [`db::tls`]; a one-shot
 //!   command's deadline in [`db::deadline`]) and migrates the schema under an advisory lock,
 //!   refusing a schema that is newer or was migrated differently.

@@ -21,6 +21,7 @@
 
 mod child;
 pub mod events;
+mod flags;
 pub mod heartbeat;
 mod replace;
 pub mod slot;
