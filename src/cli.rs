@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{
+use crate::model::flags::{
     parse_byte_size, parse_duration, parse_label, parse_notice, parse_schema, parse_target,
     parse_wait, Wait,
 };
@@ -279,7 +279,7 @@ pub struct RunArgs {
     /// Run as a step under a lease taken by `acquire` (its TOKEN): renew it while the command
     /// runs, store the run with the same fenced save, keep the lease afterwards; 76 if the
     /// token no longer holds TARGET, 75 while another step runs (--wait waits for it)
-    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token,
+    #[arg(long, value_name = "TOKEN", value_parser = crate::model::flags::parse_token,
           conflicts_with_all = ["ttl", "heartbeat", "queue", "replace", "max_holders", "label",
                                 "reuse_within", "slot"])]
     pub token: Option<uuid::Uuid>,
@@ -319,7 +319,7 @@ pub struct RunArgs {
     /// Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly,
     /// @monthly, @yearly, @annually): a caller whose slot any host already did, or is doing,
     /// records a skip and exits 0
-    #[arg(long, value_parser = crate::run::slot::parse_expr, value_name = "SCHEDULE",
+    #[arg(long, value_parser = crate::model::slot::parse_expr, value_name = "SCHEDULE",
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
 
@@ -338,7 +338,7 @@ pub struct RunArgs {
 
     /// Exit code of a caller that finds its slot already done, or being done
     #[arg(long, default_value_t = 0, value_name = "N", requires = "slot",
-          value_parser = crate::config::parse_exit_code)]
+          value_parser = crate::model::flags::parse_exit_code)]
     pub done_exit_code: u8,
 
     /// The command and its arguments, after `--`
@@ -393,7 +393,7 @@ pub struct RenewArgs {
     #[arg(long, value_parser = parse_target, value_name = "TARGET")]
     pub target: String,
     /// The token `acquire` printed
-    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token)]
+    #[arg(long, value_name = "TOKEN", value_parser = crate::model::flags::parse_token)]
     pub token: uuid::Uuid,
     /// From now on, the lease expires when not renewed for this long [default: its TTL]
     #[arg(long, value_parser = parse_duration, value_name = "DUR")]
@@ -425,7 +425,7 @@ pub struct LeaseArgs {
         value_name = "MODE",
         requires = "wait"
     )]
-    pub queue: crate::store::waiters::QueueMode,
+    pub queue: crate::model::order::QueueMode,
 
     /// While waiting, say where we are in the queue every DUR (0: never) [default: 30s]
     #[arg(long, value_parser = parse_notice, value_name = "DUR", requires = "wait")]
@@ -439,7 +439,7 @@ pub struct LeaseArgs {
     /// Up to N holders at once, each in its own place (LEASECTL_HOLDER_INDEX 0…N−1); the N of
     /// the first holder stands until none is left
     #[arg(long, default_value_t = 1, value_name = "N",
-          value_parser = clap::value_parser!(i32).range(1..=crate::config::MAX_HOLDERS as i64))]
+          value_parser = clap::value_parser!(i32).range(1..=crate::model::flags::MAX_HOLDERS as i64))]
     pub max_holders: i32,
 
     /// Take the lease even from a live holder (the oldest, with --max-holders): it is told to
@@ -449,7 +449,7 @@ pub struct LeaseArgs {
 
     /// Exit code when another holder has the lease
     #[arg(long, default_value_t = 75, value_name = "N",
-          value_parser = crate::config::parse_exit_code)]
+          value_parser = crate::model::flags::parse_exit_code)]
     pub busy_exit_code: u8,
 }
 
@@ -469,7 +469,7 @@ Examples:
   jq -n --arg f \"$FILE\" '{file: $f}' | leasectl emit --aggregate-type export --aggregate-id daily --type export.ready";
 /// An IANA zone name for `--slot-tz`, kept as given (it is stored with the schedule).
 fn parse_zone(s: &str) -> Result<String, String> {
-    crate::run::slot::parse_zone(s).map(|_| s.trim().to_owned())
+    crate::model::slot::parse_zone(s).map(|_| s.trim().to_owned())
 }
 
 const RELAY_HELP: &str = "\
@@ -737,7 +737,7 @@ pub struct RelayArgs {
     /// Order of an aggregate's events: insert (by seq, at once) or commit (only once every
     /// older transaction has ended; see the README)
     #[arg(long, value_parser = parse_order, default_value = "insert", value_name = "ORDER")]
-    pub order: crate::store::outbox::Order,
+    pub order: crate::model::order::Order,
     /// Payload bytes in flight (e.g. 4MiB), shared by the batch in hand and the next one claimed
     /// meanwhile; an event larger than that goes alone
     #[arg(long, value_parser = parse_byte_size, default_value = "16MiB", value_name = "BYTES")]
@@ -833,10 +833,10 @@ pub struct PruneArgs {
     pub dry_run: bool,
 }
 
-fn parse_order(s: &str) -> Result<crate::store::outbox::Order, String> {
+fn parse_order(s: &str) -> Result<crate::model::order::Order, String> {
     match s {
-        "insert" => Ok(crate::store::outbox::Order::Insert),
-        "commit" => Ok(crate::store::outbox::Order::Commit),
+        "insert" => Ok(crate::model::order::Order::Insert),
+        "commit" => Ok(crate::model::order::Order::Commit),
         _ => Err(format!("'{s}' is not an order (insert or commit)")),
     }
 }
@@ -897,7 +897,7 @@ pub struct ReleaseArgs {
     #[arg(long)]
     pub force: bool,
     /// End the lease this token holds (printed by `acquire`); exit 76 if it no longer does
-    #[arg(long, value_name = "TOKEN", value_parser = crate::config::parse_token)]
+    #[arg(long, value_name = "TOKEN", value_parser = crate::model::flags::parse_token)]
     pub token: Option<uuid::Uuid>,
     /// Return once the lease is broken, without waiting for a holder whose command still runs
     /// (a --force'd holder, or a step running under --token) to stop

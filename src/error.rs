@@ -8,7 +8,8 @@ use std::fmt;
 
 /// A typed error for the failures whose exit code is not "internal error".
 ///
-/// Everything else travels as an `anyhow::Error` with context and ends in [`Exit::Internal`].
+/// Everything else travels as an `anyhow::Error` with context and ends in
+/// [`Exit::Internal`](crate::exit::Exit::Internal).
 #[derive(Debug)]
 pub enum Failure {
     /// Bad flag, duration, target or schema name (exit 2).

@@ -1,6 +1,6 @@
 //! Every exit code leasectl can return, in one place.
 //!
-//! Scripts branch on these numbers (see SPEC and README), so they never change meaning. The
+//! Scripts branch on these numbers (README lists them), so they never change meaning. The
 //! child's own status is passed through unchanged: its exit code, or 128+N when a signal ended it,
 //! the same convention as the shell and hyperfine's `exit_code.rs`.
 
@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 
 pub use crate::error::{usage, Failure};
 
-/// The exit codes of SPEC's table.
+/// The exit codes leasectl returns; each keeps its meaning across releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     /// Success, or the passed-through status of a stored run.

@@ -19,9 +19,9 @@
 use std::time::{Duration, SystemTime};
 
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use crate::fmt::{millis, ms, rfc3339};
+pub use crate::model::health::{Holder, Kind, LastRun, Watch, RECOVERED};
 
 /// The grace a late run gets when `--grace` is not given: a tenth of the interval, at most this.
 pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(3600);
@@ -29,50 +29,8 @@ pub const MAX_DEFAULT_GRACE: Duration = Duration::from_secs(3600);
 /// How many slots [`Schedule::due_slot`] walks at most (a minutely schedule needs 60).
 const MAX_STEPS: usize = 2_000;
 
-/// One kind of incident, as stored in `incidents.kind` and named in event types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    TooLong,
-    Missed,
-    Overdue,
-    Failing,
-}
-
-impl Kind {
-    /// In `incidents.kind` and the event type `leasectl.target.<kind>`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::TooLong => "too_long",
-            Kind::Missed => "missed",
-            Kind::Overdue => "overdue",
-            Kind::Failing => "failing",
-        }
-    }
-
-    /// The health word `status` and `check` show.
-    pub fn label(self) -> &'static str {
-        match self {
-            Kind::TooLong => "too long",
-            other => other.as_str(),
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Kind> {
-        [Kind::TooLong, Kind::Missed, Kind::Overdue, Kind::Failing]
-            .into_iter()
-            .find(|k| k.as_str() == s)
-    }
-
-    pub fn event_type(self) -> String {
-        format!("leasectl.target.{}", self.as_str())
-    }
-}
-
-/// The event type announcing that an incident ended.
-pub const RECOVERED: &str = "leasectl.target.recovered";
-
 /// The schedules of `run --slot` (a stored schedule is one `--slot` accepted).
-pub use crate::run::slot::Schedule;
+pub use crate::model::slot::Schedule;
 
 impl Schedule {
     /// The latest slot that is over at `now`: the slot `[start, end)` with the latest end such
@@ -110,16 +68,6 @@ fn e_plus(t: SystemTime, d: Duration) -> Option<SystemTime> {
     t.checked_add(d)
 }
 
-/// The newest run that says how the job fared (neither `skipped` nor `lost`).
-#[derive(Debug, Clone)]
-pub struct LastRun {
-    pub id: Uuid,
-    pub outcome: String,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub finished_at: SystemTime,
-}
-
 impl LastRun {
     pub fn failed(&self) -> bool {
         self.outcome != "completed" || self.exit_code != Some(0)
@@ -132,41 +80,6 @@ impl LastRun {
             (None, None) => "no status".into(),
         }
     }
-}
-
-/// The live holder of a watched target.
-#[derive(Debug, Clone)]
-pub struct Holder {
-    pub host: Option<String>,
-    pub pid: Option<i32>,
-    pub fence: i64,
-    pub acquired_at: SystemTime,
-}
-
-/// What the database knows about one watched target, read at `now` (its clock).
-#[derive(Debug, Clone)]
-pub struct Watch {
-    pub target: String,
-    pub now: SystemTime,
-    pub schedule: Option<String>,
-    pub schedule_tz: Option<String>,
-    pub every_ms: Option<i64>,
-    pub grace_ms: Option<i64>,
-    pub max_duration_ms: Option<i64>,
-    /// When the expectation row was last written.
-    pub updated_at: SystemTime,
-    /// Since when the schedule watches the target: when a `run --slot` stored it (first, changed,
-    /// or again after `expect --clear`). `None` only for a row written by hand.
-    pub schedule_since: Option<SystemTime>,
-    /// The latest slot with a completed (or timed-out) run, or a skip recorded after the slot's
-    /// run had done it (such a skip outlives that run when `prune` removed it). A skip recorded
-    /// while the slot's run was still running does not count: that run counts for itself once
-    /// stored, and if it never is (its holder was killed), the slot was not done.
-    pub done_slot: Option<SystemTime>,
-    /// When the newest successful run (completed, exit 0) finished.
-    pub last_success_at: Option<SystemTime>,
-    pub last_run: Option<LastRun>,
-    pub holder: Option<Holder>,
 }
 
 impl Watch {
@@ -423,6 +336,7 @@ async fn reconcile_in_transaction(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use uuid::Uuid;
 
     fn t(s: &str) -> SystemTime {
         humantime::parse_rfc3339(s).unwrap()

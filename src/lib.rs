@@ -3,14 +3,17 @@
 //!
 //! How a `leasectl run` flows through the modules:
 //!
-//! * [`cli`] parses flags (values checked there), [`config`] turns them into a [`config::RunConfig`]
-//!   with the cross-flag rules applied — all before anything connects.
-//! * [`db`] finds the database like libpq does, connects (TLS in [`db::tls`]) and migrates the
-//!   schema under an advisory lock, refusing a schema that is newer or was migrated differently.
-//! * [`store`] holds every SQL statement, one module per table: [`store::leases`] (acquire,
-//!   heartbeat, release), [`store::runs`] (the fenced save that stores the run and its outbox
-//!   event only while the token still matches) and [`store::outbox`].
-//! * [`run`] is the run path: [`run::wait`]-ing for the lease, the [`run::heartbeat`] that
+//! * [`cli`] parses flags (values checked there, by the parsers of [`model::flags`]); the run
+//!   path turns them into a [`config::RunConfig`] with the cross-flag rules of [`config`] applied
+//!   — all before anything connects.
+//! * [`db`] finds the database like libpq does, connects (TLS in [`db::tls`]; a one-shot
+//!   command's deadline in [`db::deadline`]) and migrates the schema under an advisory lock,
+//!   refusing a schema that is newer or was migrated differently.
+//! * [`store`] holds the SQL of the tables, one module per table: [`store::leases`] (acquire,
+//!   heartbeat, release), [`store::waiters`] (the `--wait` queue), [`store::runs`] (the fenced
+//!   save that stores the run and its outbox event only while the token still matches),
+//!   [`store::outbox`] and [`store::health`].
+//! * [`run`] is the run path: `run::wait`-ing for the lease, the [`run::heartbeat`] that
 //!   renews it and decides, on the monotonic clock, when the command must be stopped, and
 //!   the fenced save at the end.
 //! * [`process`] is the one process supervisor (process group, watchdog, stop by a deadline,
@@ -21,7 +24,11 @@
 //! * [`cmd`] has one thin module per subcommand; [`doctor`] holds the checks of `leasectl
 //!   doctor`, which only looks.
 //! * [`exit`] lists every exit code (the typed failures that pick one are in [`error`]);
-//!   `main.rs` maps the outcome to one and prints errors once.
+//!   `main.rs` maps the outcome to one and prints errors once; [`out`] writes data to stdout.
+//! * [`model`] is the vocabulary underneath them all (flag values, durations and deadlines,
+//!   `--slot` schedules, queue and publishing orders, the dead-man switch's facts): it imports
+//!   nothing else of the crate, and `scripts/check-cycles` keeps every import between modules
+//!   going one way.
 
 pub mod cli;
 pub mod cmd;
@@ -34,6 +41,8 @@ pub mod fmt;
 pub mod health;
 #[macro_use]
 pub mod log;
+pub mod model;
+pub mod out;
 pub mod process;
 pub mod relay;
 pub mod run;

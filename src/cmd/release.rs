@@ -23,6 +23,7 @@ use uuid::Uuid;
 use crate::cli::{DbArgs, ReleaseArgs};
 use crate::db::Db;
 use crate::exit::Exit;
+use crate::store::holder::Holder;
 use crate::store::{leases, runs};
 
 /// How often to look for the old holder's record while waiting.
@@ -96,15 +97,10 @@ async fn release_force(db: &Db, args: &ReleaseArgs) -> Result<Exit> {
 
 /// Waits until the old holder has recorded its stop, or its lease would have expired anyway,
 /// and says which. `started`: before the statement that released it was sent.
-async fn wait_for_stop(
-    db: &Db,
-    target: &str,
-    old: &leases::Holder,
-    started: Instant,
-) -> Result<String> {
+async fn wait_for_stop(db: &Db, target: &str, old: &Holder, started: Instant) -> Result<String> {
     // The old holder cannot run past its TTL after its last heartbeat; measured from before
     // the release was sent, so never later than on the database's clock.
-    let expires_at = crate::config::deadline(started, old.expires_in);
+    let expires_at = crate::model::time::deadline(started, old.expires_in);
     super::extend_deadline(old.expires_in);
     loop {
         let recorded = runs::stop_recorded(&db.client, &db.schema, target, old.fence);

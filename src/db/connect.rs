@@ -7,7 +7,7 @@
 //! socket as the current OS user — what `psql` with no arguments reaches. Without a password,
 //! the password file is consulted per host ([`super::pgpass`]). TLS is set up by [`super::tls`].
 //!
-//! [`open`] tries the hosts itself, one at a time, each under `connect_timeout` for everything
+//! `open` tries the hosts itself, one at a time, each under `connect_timeout` for everything
 //! up to a ready session (TCP, TLS, startup, authentication): tokio-postgres' own timeout
 //! covers only the TCP connect, so a server that accepts and never answers would otherwise hang
 //! a command for minutes. Also here: how a tokio-postgres error reads in one line, and whether
@@ -133,7 +133,7 @@ impl Settings {
                     .map(Duration::from_secs)
             })
             .unwrap_or(CONNECT_TIMEOUT)
-            .clamp(MIN_CONNECT_TIMEOUT, crate::config::MAX_DURATION);
+            .clamp(MIN_CONNECT_TIMEOUT, crate::model::time::MAX_DURATION);
         config.connect_timeout(connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("leasectl");

@@ -1,4 +1,4 @@
-//! PostgreSQL: connecting ([`connect`], with [`tls`]), keeping the schema current ([`migrate`])
+//! PostgreSQL: connecting ([`connect`], with [`tls`]), keeping the schema current ([`migrate()`])
 //! and the NOTIFY stream ([`notify`]).
 //!
 //! Every command calls [`Db::connect`], which applies pending migrations under an advisory lock
@@ -7,6 +7,7 @@
 
 pub mod connect;
 pub mod conninfo;
+pub mod deadline;
 pub mod migrate;
 pub mod notify;
 pub mod pgpass;
@@ -32,7 +33,7 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// `name` must already have passed [`crate::config::parse_schema`]; quoting is still applied,
+    /// `name` must already have passed [`crate::model::flags::parse_schema`]; quoting is still applied,
     /// so even a name that slipped through could not break out of the identifier.
     pub fn new(name: &str) -> Schema {
         Schema {

@@ -219,7 +219,7 @@ pub async fn statement_timeout(ctx: &Ctx) -> Result<Check> {
         Ok(v) => v,
         Err(e) => return could_not(ctx, NAME, "read statement_timeout", e),
     };
-    let floor = crate::config::parse_duration(own).map_or(30_000, fmt::ms);
+    let floor = crate::model::flags::parse_duration(own).map_or(30_000, fmt::ms);
     Ok(if ms > 0 && ms < floor {
         Check::warn(
             NAME,
@@ -401,7 +401,7 @@ pub fn failover(opts: &super::Options) -> Check {
     let d = fmt::duration;
     let detail = format!(
         "{given} {}, heartbeat {}, kill-after {}: a running holder outlasts a failover of up to {} (TTL − heartbeat − kill-after − {} for the SIGKILL to land); failover time {} ({assumed})",
-        d(ttl), d(heartbeat), d(kill_after), d(budget), d(ttl.saturating_sub(kill_after).saturating_sub(crate::run::heartbeat::stop_budget(ttl, kill_after))), d(failover)
+        d(ttl), d(heartbeat), d(kill_after), d(budget), d(ttl.saturating_sub(kill_after).saturating_sub(crate::model::time::stop_budget(ttl, kill_after))), d(failover)
     );
     if budget > failover {
         return Check::ok(NAME, detail);
@@ -420,7 +420,7 @@ pub fn failover(opts: &super::Options) -> Check {
 /// How long a failover a holder outlasts in the worst case: the primary dies just after a
 /// heartbeat was confirmed, and the next one is sent a heartbeat later.
 fn survivable(ttl: Duration, heartbeat: Duration, kill_after: Duration) -> Duration {
-    crate::run::heartbeat::stop_budget(ttl, kill_after).saturating_sub(heartbeat)
+    crate::model::time::stop_budget(ttl, kill_after).saturating_sub(heartbeat)
 }
 
 /// The shortest whole-second TTL (with the given --heartbeat and --kill-after, or their

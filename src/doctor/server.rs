@@ -9,7 +9,7 @@ use crate::db::SCHEMA_VERSION;
 /// The oldest PostgreSQL leasectl works with (the relay's claim sets `hash_mem_multiplier`).
 const MIN_SERVER_VERSION: i32 = 130_000;
 
-/// `server`: the version, against [`MIN_SERVER_VERSION`].
+/// `server`: the version, against `MIN_SERVER_VERSION`.
 pub async fn version(ctx: &Ctx) -> Result<Check> {
     let row = ctx
         .client()

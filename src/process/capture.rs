@@ -66,7 +66,7 @@ impl Pump {
         }
     }
 
-    /// Reads to end of file, until the stream has been idle for [`DRAIN_AFTER_EXIT`], or
+    /// Reads to end of file, until the stream has been idle for `DRAIN_AFTER_EXIT`, or
     /// until `until`, whichever comes first; then drops the pipe's read end.
     pub async fn drain(&mut self, until: Instant) -> Capture {
         loop {

@@ -7,7 +7,7 @@
 //! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
 //!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run.
-//! * with [`Options::watchdog`], a [`Watchdog`] process kills the whole group if leasectl
+//! * with [`Options::watchdog`], a `Watchdog` process kills the whole group if leasectl
 //!   vanishes (even `kill -9`, even a SIGKILL to leasectl's whole process group), which also
 //!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is forked
 //!   *first* and leads the process group the child then joins, so there is no moment in which
@@ -33,7 +33,7 @@ use tokio::time::Instant;
 /// How a [`Group`] is set up around its command.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
-    /// Fork a [`Watchdog`] that kills the group if leasectl dies (see the module docs).
+    /// Fork a `Watchdog` that kills the group if leasectl dies (see the module docs).
     pub watchdog: bool,
     /// When stdin is leasectl's terminal and leasectl is in its foreground, hand the terminal
     /// to the command's group for the command's lifetime (interactive commands can read it).

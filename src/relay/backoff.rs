@@ -28,7 +28,7 @@ pub fn retry_delay(attempt: i32, unit: f64) -> Duration {
 }
 
 /// A sink outage: backoff between tries, and a warning when it starts, every
-/// [`OUTAGE_REMINDER`] while it lasts, and when it ends (details with `-v`).
+/// `OUTAGE_REMINDER` while it lasts, and when it ends (details with `-v`).
 pub struct Outage {
     sink: String,
     backoff: Backoff,

@@ -133,7 +133,7 @@ pub fn idle_timeout(in_flight: Duration) -> Duration {
 
 /// How long after a confirmed statement events may start out without confirming again, for a
 /// transaction whose idle timeout is `idle`: `idle` less the margin and `in_flight`. When the
-/// session's own timeout (an operator's) leaves less than [`MIN_WINDOW`] for that, half of what
+/// session's own timeout (an operator's) leaves less than `MIN_WINDOW` for that, half of what
 /// the margin leaves: an event under way can then outlast the transaction if the relay is
 /// paused meanwhile, but while it runs it confirms every half window.
 pub fn window(idle: Duration, in_flight: Duration) -> Duration {

@@ -6,7 +6,7 @@
 //! dead events by sink and type, the delivery latency from `created_at` to the sink's
 //! confirmation, the batch size), the sink going down or up, a database reconnect, and between
 //! batches [`Metrics::refresh`], which reads the backlog and the watched targets' health from
-//! the database at most every [`REFRESH_EVERY`] (and never spends more than 1/[`REFRESH_SHARE`]
+//! the database at most every [`REFRESH_EVERY`] (and never spends more than 1/`REFRESH_SHARE`
 //! of the relay's time on it: counting a huge backlog takes a while).
 //!
 //! The HTTP side is a small tokio accept loop, not a framework: it answers `GET /metrics` (and

@@ -10,7 +10,7 @@
 //!
 //! While batches come back full (a backlog), publishing takes longer than claiming, and every
 //! event of a batch was delivered, the next batch is claimed on a second connection while this
-//! one is published ([`Ahead`]; the
+//! one is published (`Ahead`; the
 //! statement's side is "Claiming ahead" in [`outbox`]), so the sink never waits for the
 //! database between batches. The two batches commit in order, and the second is published only
 //! after the first committed.
@@ -54,7 +54,8 @@ use tokio_util::sync::CancellationToken;
 use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
-use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Order, Reach, Settle};
+use crate::model::order::Order;
+use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Reach, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use liveness::{best_effort, bounded, Lost, Open};
 use metrics::Metrics;
@@ -717,7 +718,8 @@ impl Relay {
         };
         if let Some(failed) = failed {
             if delivered > 0 {
-                // Only say "will" when the transaction certainly rolled back (issue 12 §5.8).
+                // Only say "will" when the transaction certainly rolled back: a COMMIT whose answer
+                // never came may have committed, and then the events are not published again.
                 warn!(
                     "could not record {delivered} delivered events ({}); {}",
                     db::reason(&failed.error),
@@ -892,7 +894,7 @@ impl Relay {
 
     /// Warns, naming the backend, when a transaction open longer than `--poll` × 10 holds back
     /// the xmin horizon while this relay deletes events: VACUUM cannot remove the deleted rows,
-    /// and every claim wades through them (issue 12 §5.9). Looks at most once per `--poll` × 10
+    /// and every claim wades through them. Looks at most once per `--poll` × 10
     /// (capped at a minute), only after deleting events, and warns once per backend. Best
     /// effort.
     async fn watch_xmin_horizon(&mut self, db: &Db) -> Result<(), Lost> {

@@ -4,7 +4,7 @@
 //! The backlog is read when the relay starts and then at most once a second, between batches
 //! as well as when idle: a relay draining a large backlog (or `--once`, which is never idle)
 //! shows it going down. Counting a large outbox takes a while, so the line never spends more
-//! than about 1/[`BACKLOG_SHARE`] of the relay's time on it.
+//! than about 1/`BACKLOG_SHARE` of the relay's time on it.
 
 use std::io::IsTerminal;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //! off — only while nothing in the batch has got through; once some delivery was answered, an
 //! unreachable moment stops only the aggregate it hit (left untouched, no attempt charged). A
 //! delivery that got no answer within `--timeout` ([`DeliveryError::NoAnswer`]) stops its
-//! aggregate too, and is judged once the lanes are done ([`Publisher::judge_silences`]): the
+//! aggregate too, and is judged once the lanes are done (`Publisher::judge_silences`): the
 //! event's refusal if the sink answered another delivery while it waited, else no fault of the
 //! event's.
 

@@ -8,7 +8,7 @@
 //!
 //! The race this guards against: a relay finds the outbox empty and goes to sleep while a
 //! writer, which saw no relay idle and so sent no NOTIFY, has yet to commit. Hence the order
-//! (the caller's, in [`super::Relay`]): take the mark — a blocking request, which waits for
+//! (the caller's, in `super::Relay`): take the mark — a blocking request, which waits for
 //! every transaction holding the shared lock, i.e. every one that skipped its NOTIFY — then
 //! claim once more, then sleep. An event either notifies a relay holding the mark (its insert
 //! saw the mark, or queued behind the relay's request: a waiting exclusive request makes the

@@ -19,7 +19,7 @@
 //! A leasectl that is SIGKILLed cannot remove its directory. So the directory also holds a
 //! `lock` file that the owner keeps `flock`ed (not inherited by the command: close-on-exec), and
 //! every new run sweeps the directories of the same user whose lock nobody holds — their owner is
-//! gone, whatever pid namespace it ran in — once they are older than [`SWEEP_AFTER`] (a directory
+//! gone, whatever pid namespace it ran in — once they are older than `SWEEP_AFTER` (a directory
 //! that young may be one whose owner has not locked it yet).
 
 use std::fs::{DirBuilder, File, OpenOptions};

@@ -1,6 +1,6 @@
 //! Keeping a held lease alive, and knowing when to give up on it.
 //!
-//! The rule (SPEC, "stop before the lease can be taken over") in one place: the database moved
+//! The rule "stop before the lease can be taken over", in one place: the database moved
 //! `heartbeat_at` no earlier than the moment we *sent* a heartbeat that succeeded, so the lease
 //! cannot expire before `sent + ttl`. Stopping the command starts at
 //! `sent + ttl - kill_after - margin`, so its SIGKILL lands before anyone can take over.
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::{sleep_until, timeout, Instant};
 
-use crate::config::deadline;
 use crate::db::{self, Db};
+use crate::model::time::{deadline, stop_budget, Times};
 use crate::store::leases::{self, Lease};
 
 /// Renews the lease and decides, on the local monotonic clock, when it must be given up.
@@ -214,56 +214,5 @@ impl<'a> Heartbeat<'a> {
         // A new connection listens to nothing yet.
         self.listen = self.watch;
         self.next_at = Instant::now() + self.retry;
-    }
-}
-
-/// The durations a heartbeat schedule is made of.
-#[derive(Debug, Clone, Copy)]
-pub struct Times {
-    pub ttl: Duration,
-    /// How often to renew.
-    pub interval: Duration,
-    /// The grace between SIGTERM and SIGKILL when stopping the command.
-    pub kill_after: Duration,
-}
-
-/// How long after a confirmed heartbeat's send the command may keep running before it must
-/// be stopped: `ttl - kill_after - margin`, with `margin = min(ttl/20, 500ms)` for the SIGKILL
-/// to land and the process to die.
-pub fn stop_budget(ttl: Duration, kill_after: Duration) -> Duration {
-    let margin = (ttl / 20).min(Duration::from_millis(500));
-    ttl.saturating_sub(kill_after + margin)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_sigkill_lands_a_margin_before_the_ttl() {
-        let s = Duration::from_secs;
-        assert_eq!(stop_budget(s(120), s(10)), Duration::from_millis(109_500));
-        assert_eq!(
-            stop_budget(s(1), Duration::from_millis(100)),
-            Duration::from_millis(850)
-        );
-        for (ttl_ms, kill_ms) in [
-            (100, 10),
-            (1000, 100),
-            (120_000, 10_000),
-            (3_600_000, 10_000),
-        ] {
-            let (ttl, kill) = (
-                Duration::from_millis(ttl_ms),
-                Duration::from_millis(kill_ms),
-            );
-            let budget = stop_budget(ttl, kill);
-            assert!(
-                budget + kill < ttl,
-                "SIGKILL at {:?} is not before the TTL {ttl:?}",
-                budget + kill
-            );
-            assert!(budget > Duration::ZERO);
-        }
     }
 }

@@ -1,18 +1,18 @@
 //! The run path of `leasectl run`: take the lease, run the command, keep the lease alive,
-//! store the result. [`wait`] gets the lease, [`heartbeat`] keeps it, [`child`] is the
+//! store the result. `wait` gets the lease, [`heartbeat`] keeps it, `child` is the
 //! command.
 //!
 //! The flow, top to bottom in [`run`]:
 //!
 //! 1. `--reuse-within`: print a fresh stored result and stop.
-//! 2. [`wait::obtain`]: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
+//! 2. `wait::obtain`: acquire, or with `--wait` sleep until the lease is released (NOTIFY) or due
 //!    to expire (polling), sharing the result of the run we waited for when reuse is on.
-//! 3. [`prepare`]: what must happen between acquiring and spawning, each statement bounded by
+//! 3. `prepare`: what must happen between acquiring and spawning, each statement bounded by
 //!    the lease's own deadline: nothing is spawned unless there is still time to stop it
 //!    before the lease could expire. With `--slot`, this is where the slot is computed (on the
 //!    database's clock, from the acquisition) and a slot already done is skipped, under the
 //!    lease ([`slot`], `store::runs::skip_if_done`).
-//! 4. [`execute`]: spawn the child, then select between "child exited", "lease lost",
+//! 4. `execute`: spawn the child, then select between "child exited", "lease lost",
 //!    "--timeout" and "signal received"; stop the child when needed; store the run and its
 //!    event with the fenced save, which also releases the lease.
 //!
@@ -21,6 +21,7 @@
 
 mod child;
 pub mod events;
+mod flags;
 pub mod heartbeat;
 mod replace;
 pub mod slot;
@@ -38,9 +39,12 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use uuid::Uuid;
 
 use crate::cli::{DbArgs, RunArgs};
-use crate::config::{deadline, RunConfig, Wait};
+use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
+use crate::model::flags::Wait;
+use crate::model::slot::Slot;
+use crate::model::time::deadline;
 use crate::process::Capture;
 use crate::signals::Signals;
 use crate::store;
@@ -49,7 +53,6 @@ use crate::store::runs::{self, Outcome, RunRecord, Saved, SlotCheck};
 use child::{Child, Spec};
 use events::{EventsFile, JobEvents};
 use heartbeat::Heartbeat;
-use slot::Slot;
 use wait::{obtain, Obtained, Resume};
 
 /// How long one statement may go unanswered before the database counts as unavailable (the
@@ -279,7 +282,9 @@ async fn connect(
     give_up_at: Option<Instant>,
 ) -> Result<Option<Db>> {
     if cfg.wait.is_none() {
-        return crate::cmd::connect(db_args).await.map(Some);
+        return crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema)
+            .await
+            .map(Some);
     }
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
@@ -287,7 +292,8 @@ async fn connect(
     loop {
         // The first attempt is made however short the limit; later ones only within it.
         let limit = give_up_at.map(|g| g.max(started + FIRST_CONNECT));
-        let attempt = crate::cmd::connect(db_args);
+        let attempt =
+            crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema);
         let e = match limit {
             Some(l) => match tokio::time::timeout_at(l, attempt).await {
                 Ok(r) => r,
@@ -627,7 +633,7 @@ fn print_stdout(cfg: &RunConfig, bytes: &[u8]) -> Result<()> {
     if cfg.quiet {
         return Ok(());
     }
-    crate::cmd::print(bytes)
+    crate::out::print(bytes)
 }
 
 /// How the command ended, as the run records it.

@@ -17,9 +17,10 @@ use indicatif::ProgressBar;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
-use crate::config::{RunConfig, Wait};
+use crate::config::RunConfig;
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
+use crate::model::flags::Wait;
 use crate::signals::Signals;
 use crate::store::leases::{self, Acquired, Contender, Lease};
 use crate::store::runs::{self, Outcome};
@@ -452,11 +453,11 @@ impl Waiter {
         };
         let due = *self
             .next_notice
-            .get_or_insert_with(|| crate::config::deadline(since, every));
+            .get_or_insert_with(|| crate::model::time::deadline(since, every));
         if now >= due {
             say!("{msg}");
             self.noticed = true;
-            self.next_notice = Some(crate::config::deadline(now, every));
+            self.next_notice = Some(crate::model::time::deadline(now, every));
         }
     }
 

@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 
 use super::{ms, sql};
 use crate::db::Schema;
-use crate::health::{Holder, Kind, LastRun, Watch, RECOVERED};
+use crate::model::health::{Holder, Kind, LastRun, Watch, RECOVERED};
 
 /// An `expectations` row.
 #[derive(Debug, Clone)]

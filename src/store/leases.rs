@@ -3,7 +3,7 @@
 //! One row per target (`leases`). Every transition is one statement whose WHERE names the
 //! holder's token, so a holder that was taken over or force-released touches 0 rows — and that
 //! *is* how it learns it lost (river's `river_leader.sql` works the same way). Expiry is always
-//! `heartbeat_at + ttl_ms < now()` on the server ([`super::EXPIRED`]): the holder's own TTL,
+//! `heartbeat_at + ttl_ms < now()` on the server (`super::EXPIRED`): the holder's own TTL,
 //! the database's clock.
 //!
 //! Statements use `query_typed`, which skips the separate prepare round trip; most of a short
@@ -16,6 +16,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 use uuid::Uuid;
 
+use super::holder::{holder_from_row, who, Holder};
 use super::waiters::{self, Busy, Ticket};
 use super::{ms, sql};
 use crate::db::Schema;
@@ -73,51 +74,6 @@ pub struct DbClock {
 impl DbClock {
     pub fn at(&self, instant: tokio::time::Instant) -> SystemTime {
         self.db_time + instant.saturating_duration_since(self.local)
-    }
-}
-
-/// Who holds a busy target, as the database sees it now.
-#[derive(Debug, Clone)]
-pub struct Holder {
-    pub host: Option<String>,
-    pub pid: Option<i32>,
-    pub label: Option<String>,
-    /// How long it has held the lease.
-    pub running: Duration,
-    pub fence: i64,
-    pub ttl: Duration,
-    pub heartbeat_age: Duration,
-    /// Time left until the holder's TTL runs out (zero if already expired).
-    pub expires_in: Duration,
-}
-
-/// `ci-7 pid 4411 [label]`: a holder as messages name it.
-pub fn who(host: Option<String>, pid: Option<i32>, label: Option<String>) -> String {
-    let mut who = match (host, pid) {
-        (Some(h), Some(p)) => format!("{h} pid {p}"),
-        (Some(h), None) => h,
-        _ => "an unknown holder".into(),
-    };
-    if let Some(l) = label {
-        who.push_str(&format!(" [{l}]"));
-    }
-    who
-}
-
-impl Holder {
-    /// `ci-7 pid 4411 [label]`.
-    pub fn who(&self) -> String {
-        who(self.host.clone(), self.pid, self.label.clone())
-    }
-
-    pub fn describe(&self) -> String {
-        let who = self.who();
-        format!(
-            "held by {who} (fence {}), last heartbeat {} ago, ttl {}",
-            crate::fmt::fence(self.fence),
-            crate::fmt::duration(self.heartbeat_age),
-            crate::fmt::duration(self.ttl)
-        )
     }
 }
 
@@ -478,23 +434,6 @@ async fn claim_place(
         )
         .await?;
     Ok(Claim::Held(lease_from_row(target, who, place, &row)))
-}
-
-/// A holder from a row with the columns holder_host, holder_pid, holder_label, fence, ttl_ms,
-/// age_ms and running_ms.
-pub(super) fn holder_from_row(r: &Row) -> Holder {
-    let ttl_ms: i64 = r.get("ttl_ms");
-    let age_ms: i64 = r.get("age_ms");
-    Holder {
-        host: r.get("holder_host"),
-        pid: r.get("holder_pid"),
-        label: r.get("holder_label"),
-        running: crate::fmt::millis(r.get("running_ms")),
-        fence: r.get("fence"),
-        ttl: crate::fmt::millis(ttl_ms),
-        heartbeat_age: crate::fmt::millis(age_ms),
-        expires_in: crate::fmt::millis(ttl_ms - age_ms),
-    }
 }
 
 /// `--replace`: takes a place of `target` even from a live holder, in one transaction under the

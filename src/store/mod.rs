@@ -11,10 +11,11 @@
 //!   incidents a relay opens and closes with their events.
 //!
 //! Rows are read by column name into small structs; callers never see a `Row`. The few
-//! predicates that more than one statement needs are defined once here ([`sql`] splices them
+//! predicates that more than one statement needs are defined once here (`sql` splices them
 //! into statement templates), so a change to what "expired" or "held" means cannot miss a copy.
 
 pub mod health;
+pub mod holder;
 pub mod leases;
 pub mod outbox;
 pub mod runs;
@@ -114,8 +115,8 @@ const AGG_KEY: &str = "hashtextextended(A.aggregate_id, hashtextextended(A.aggre
 
 /// No event of the aggregate of the outbox event with alias `A` is [`HELD`] and [`HELD_NOW`]:
 /// one probe of `outbox_held` by the aggregate's hashed key ([`AGG_KEY`]) for each row it is
-/// asked of, whatever the number of held events (issue 12 §5.9: a `NOT IN` over the held
-/// events read all 300,000 dead ones on every claim). `OFFSET 0` keeps the probe a subplan
+/// asked of, whatever the number of held events (a `NOT IN` over the held events would read
+/// every dead one on every claim). `OFFSET 0` keeps the probe a subplan
 /// evaluated per row: without it the planner pulls a correlated `NOT EXISTS` up into an anti
 /// join, or turns it into a hashed lookup, both of which read every held row. The first test,
 /// evaluated once per statement (an init plan: `OR` evaluates its arms in order), spares the

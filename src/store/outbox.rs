@@ -13,8 +13,8 @@
 //!    `outbox_commit_order` for [`Order::Commit`]), which leaves dead events out
 //!    (migrations/0010_live_events.sql), and each event it meets costs one probe of the partial
 //!    index `outbox_held` for its aggregate (none while that index is empty): the claim never
-//!    reads a dead event, so however many pile up it costs what it costs without them (issue 12
-//!    §5.9: 300,000 dead heads made every claim read all of them, 0.7 s a claim);
+//!    reads a dead event, so however many pile up it costs what it costs without them (docs/BENCHMARKS.md,
+//!    "Dead heads ahead of live events", has the figures);
 //! 2. the first event of each aggregate in that window — its head: an aggregate in the window
 //!    has all its older events there too — locked `FOR UPDATE SKIP LOCKED`, `--batch` of them at
 //!    most: a head another relay holds is skipped, and with it its whole aggregate;
@@ -23,9 +23,9 @@
 //!    keeps), a second window just past the first, of the events of the aggregates the first
 //!    does not hold, looking up to 100 windows ahead, and its aggregates' heads, locked the same
 //!    way, up to `--batch` heads in all: so the claim reaches past a busy or locked aggregate to
-//!    the heads of others (issue 12 §5.2: 3,000 events of one aggregate ahead of 1,000 others
-//!    kept the others waiting, and two of three relays idle; and a relay whose window was filled
-//!    by aggregates a stopped relay held claimed nothing until that one's session ended);
+//!    the heads of others: a burst on one aggregate must not keep the others waiting or other
+//!    relays idle, and a window filled by aggregates a stopped relay held must not leave this
+//!    one claiming nothing until that relay's session ends;
 //! 4. the windows' events of the aggregates whose head was locked, `--batch` of them: every
 //!    head first, then the rest by `seq`. Each window is a `seq`-ordered run of the
 //!    unblocked events of its aggregates, so each aggregate's events in it run contiguously
@@ -38,7 +38,7 @@
 //! relay commits — by which time everything it deleted has been published. Rows are deleted
 //! *before* publishing but the deletion is committed only *after* the sink confirmed them, so a
 //! relay killed mid-batch leaves them all in place (at-least-once). What was not delivered is
-//! put back by [`restore`] in the same transaction, with its original `seq` and `id`.
+//! put back by `restore` in the same transaction, with its original `seq` and `id`.
 //!
 //! # No session state
 //!
@@ -55,8 +55,8 @@
 //!
 //! With [`Order::Insert`] an aggregate's order is `seq`, taken at insert: an event inserted with
 //! a lower `seq` that commits after a higher one of the same aggregate is published after it.
-//! SPEC makes applications serialise the transactions that write one aggregate, as they would
-//! any write to it. [`Order::Commit`] (`relay --order commit`) reads everything above in
+//! Applications must serialise the transactions that write one aggregate, as they would any
+//! write to it. [`Order::Commit`] (`relay --order commit`) reads everything above in
 //! `(xid, seq)` order instead — windows, heads, the reach past them, the batch — over only the
 //! events whose transaction is below the horizon of the claim's own snapshot
 //! (`pg_snapshot_xmin`): every transaction that can still commit has an id at or past it, so
@@ -94,6 +94,7 @@ use tokio_postgres::{Client, Row};
 use super::{ms, sql};
 use crate::db::Schema;
 use crate::fmt::rfc3339;
+use crate::model::order::Order;
 
 /// One outbox event, ready to publish: what every sink gets.
 #[derive(Debug, Clone)]
@@ -210,7 +211,7 @@ WITH win1 AS MATERIALIZED (
      LIMIT $1
 ), claimed AS (
     -- The longest prefix of that order within $5 payload bytes, and always its first event
-    -- (issue 12 §5.6): a prefix of a list where heads come first and each aggregate's events
+    -- (so an event larger than $5 still goes, alone): a prefix of a list where heads come first and each aggregate's events
     -- follow in order still takes a prefix of each aggregate's chain. A payload stored
     -- compressed is measured as the text it will be sent as (one lookup for each of at most
     -- $1 events); any other by its stored size, which costs nothing.
@@ -231,17 +232,6 @@ RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_i
           o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
           o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
           o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
-
-/// In which order the relay publishes an aggregate's events (`relay --order`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
-    /// By `seq`, taken at insert: every committed event is published at once. Two transactions
-    /// writing one aggregate concurrently can commit in the other order than their `seq`s.
-    Insert,
-    /// By `(xid, seq)`, and only events whose transaction is older than every transaction still
-    /// in progress (migrations/0009_commit_order.sql): nothing can commit later ahead of them.
-    Commit,
-}
 
 impl Order {
     /// The claim statement for this order, with the shared predicates and the schema spliced in.
@@ -326,7 +316,7 @@ impl Claimed {
     }
 }
 
-/// SPEC's published form: `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
+/// The published form: `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
 /// (`relay --format json`, `outbox discard`; [`crate::relay::sink::format`] builds what sinks send)
 /// on one line. `payload` is PostgreSQL's own jsonb text, spliced in as it is (valid JSON, never
 /// a raw newline), which spares a parse and re-serialisation per event.
@@ -375,8 +365,7 @@ pub fn published_json(
 ///
 /// * `jit = off`: the estimated cost went into the millions, past `jit_above_cost`, and every
 ///   claim was JIT-compiled with inlining and optimisation — about a second per batch for a
-///   statement that runs in milliseconds: a 100k backlog drained at a few hundred events/s
-///   until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
+///   statement that runs in milliseconds, until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
 ///   ones; compiling it never pays.
 /// * `hash_mem_multiplier = 1000` (its maximum): a `NOT IN` lookup is hashed only if the planner
 ///   *expects* it to fit in hash memory, and "almost every row" did not, so the blocked
@@ -421,7 +410,7 @@ pub struct ClaimLimits {
 
 /// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
 /// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
-/// `idle` unless the session's own is shorter ([`SET_IDLE`]); all of it goes out together (one
+/// `idle` unless the session's own is shorter (`SET_IDLE`); all of it goes out together (one
 /// round trip). With `reach`, the claim may look past its window for other aggregates' heads
 /// (step 3 of the module documentation), taking in as much as [`Reach`] says. With `after`, it claims the batch that follows that
 /// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
@@ -562,7 +551,7 @@ pub struct SettleFailed {
     pub outcome_unknown: bool,
 }
 
-/// Ends a batch's transaction: puts back what was not delivered ([`restore`]) and commits, which
+/// Ends a batch's transaction: puts back what was not delivered (`restore`) and commits, which
 /// makes the delivered events' deletion final. On error the transaction is rolled back.
 pub async fn settle(
     client: &Client,
@@ -659,7 +648,7 @@ impl<'a> PutBack<'a> {
 /// Puts back every claimed event that was not delivered, inside the claim's transaction, with
 /// its original `seq`, `id` and `created_at`. Returns how many were put back.
 ///
-/// No event can take the others down with it (issue 12 §5.3): the put-back is one statement
+/// No event can take the others down with it: the put-back is one statement
 /// inside a savepoint, and should PostgreSQL refuse it (a constraint or index an application
 /// added, say), each event is put back on its own, in a savepoint of its own; one that is still
 /// refused goes back *as it was claimed* (nothing charged), which the table held a moment ago.
@@ -688,7 +677,7 @@ async fn restore(
                 // Measured on the database's clock (clock_timestamp(), the moment of the
                 // put-back), less what has passed since the refusal on ours: `now()` is the
                 // transaction's start, so a slow refusal or a long batch used up the backoff
-                // before it began (issue 12 §5.4).
+                // before it began.
                 retry_in_ms: Some(ms(retry_in.saturating_sub(refused_at.elapsed()))),
                 die: *dead,
             },
@@ -921,7 +910,7 @@ pub async fn xid_holder(client: &Client, xid: i64) -> Result<Option<Holder>> {
 /// first, at most three, each with its transaction open at least `min_ms`: an open snapshot
 /// (`backend_xmin`) or an open transaction with an id (`backend_xid`, which every later
 /// snapshot's xmin then carries). VACUUM cannot remove the rows the relay deleted since, and
-/// every claim wades through them (issue 12 §5.9: a drain 6 × slower, an empty claim 150 ×).
+/// every claim wades through them, and a drain slows down by as much.
 /// Among backends whose xmin is equally old, the one whose own transaction id it is comes
 /// first: the others only inherited it.
 pub async fn horizon_holders(client: &Client, min_ms: i64) -> Result<Vec<Holder>> {
@@ -1158,8 +1147,8 @@ async fn exists(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool
 /// [`retry`] of one event, also when a relay's batch holds it: the UPDATE then waits for the
 /// batch, and if the batch put the event back (refused, or not reached) the row it waited for
 /// is gone and the put-back one is new to the statement's snapshot — so it is looked up again,
-/// a few times, rather than reporting "no event" for an event that is still there, retrying
-/// (issue 12 §5.5). Returns whether it was re-queued; `false` means it is gone (delivered or
+/// a few times, rather than reporting "no event" for an event that is still there, retrying.
+/// Returns whether it was re-queued; `false` means it is gone (delivered or
 /// discarded).
 pub async fn retry_one(client: &Client, schema: &Schema, id: uuid::Uuid) -> Result<bool> {
     for _ in 0..5 {

@@ -14,7 +14,7 @@ use super::{ms, sql};
 use crate::db::Schema;
 use crate::exit::ChildStatus;
 use crate::fmt::rfc3339;
-use crate::run::slot::Slot;
+use crate::model::slot::Slot;
 
 /// The columns of a run row, in the order of [`RunFields::params`]' `$1…$21` and then
 /// `done_by`: written once for every insert (the fenced save, the `lost` record, the skip).
@@ -80,7 +80,7 @@ pub struct RunRecord<'a> {
     pub argv: Vec<String>,
     pub host: &'a str,
     pub pid: i32,
-    /// When the command started and finished, on the database clock ([`DbClock`]): hosts'
+    /// When the command started and finished, on the database clock ([`DbClock`](super::leases::DbClock)): hosts'
     /// clocks never enter the record.
     pub started_at: SystemTime,
     pub finished_at: SystemTime,
@@ -275,7 +275,7 @@ impl RunFields {
     }
 }
 
-/// The outbox event of a stored run (SPEC: at least run_id, target, fence, exit_code — null
+/// The outbox event of a stored run (at least run_id, target, fence, exit_code — null
 /// when a signal ended the command, with `signal` set — started_at, finished_at, host; and
 /// `slot`, `slot_end` for `run --slot`, null otherwise).
 /// Built here rather than in SQL: a fresh server backend would otherwise spend more time
@@ -363,7 +363,7 @@ pub async fn record_lost(
         None => Lost::Lost,
         Some(fence) => Lost::Preempted {
             fence,
-            by: super::leases::who(
+            by: super::holder::who(
                 row.get("holder_host"),
                 row.get("holder_pid"),
                 row.get("holder_label"),
@@ -438,7 +438,7 @@ const SLOT_DONE: &str = "(r.outcome IN ('completed', 'timed_out')
 /// Under the lease, in one statement: stores the schedule on the target (`expectations`, the
 /// latest one seen wins; `schedule_since` says since when, for the health check: a schedule
 /// that is new, changed, or stored again after `expect --clear` forgot it watches the target
-/// from now on) and, if a run of the target already did `skip.slot` ([`SLOT_DONE`]),
+/// from now on) and, if a run of the target already did `skip.slot` (`SLOT_DONE`),
 /// records `skip` as a `skipped` run naming it (`done_by`; no output, no outbox event) and
 /// releases the lease. Otherwise it writes on the lease row which slot of which schedule the
 /// caller is now doing, and the id its run will be stored with (`run_id`): a contender of the
@@ -572,7 +572,7 @@ pub struct SlotCaller<'a> {
 /// For a `--slot` caller that found the target busy, in one statement and without the lease:
 /// if the lease row says its holder is doing the caller's slot — the same schedule and zone,
 /// and the database's `now() + skew` inside the slot the holder recorded (see [`skip_if_done`])
-/// — and that run is not stored yet, or it is stored and did the slot ([`SLOT_DONE`], by the
+/// — and that run is not stored yet, or it is stored and did the slot (`SLOT_DONE`, by the
 /// caller's `--until-success`), records `skip` as a `skipped` run naming it (`done_by`, the id
 /// the holder's run has or will have; `done_by_running` while it is not stored) with that run's
 /// fence, the slot and the caller's host, pid and label; no output, no outbox event.
@@ -656,7 +656,7 @@ pub async fn skip_without_lease(
             slot: row.get("slot"),
             running: row.get("running"),
             holder: live.then(|| {
-                super::leases::who(
+                super::holder::who(
                     row.get("holder_host"),
                     row.get("holder_pid"),
                     row.get("holder_label"),

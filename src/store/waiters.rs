@@ -6,7 +6,7 @@
 //! ([`super::leases::acquire`]) grants the lease only while no live ordered waiter with an
 //! earlier ticket exists, and deletes the winner's row in the same statement. A waiter that
 //! gives up (signal, `--wait`'s limit, superseded) deletes its row ([`leave`]); one that dies is
-//! ignored once its TTL ran out ([`LIVE`]) and deleted by the next arrival.
+//! ignored once its TTL ran out (`LIVE_WAITER` in the shared predicates) and deleted by the next arrival.
 //!
 //! Every change that can let another waiter go (a leave, a supersession) is announced on the
 //! lease channel with the target as payload, like a release: waiters wake at once.
@@ -17,37 +17,10 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 
-use super::leases::{holder_from_row, Holder};
+use super::holder::{holder_from_row, Holder};
 use super::{ms, sql};
 use crate::db::Schema;
-
-/// How a waiter keeps its place (`run --queue`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum QueueMode {
-    // (Plain comments: doc comments here would turn `run --help` into its long form.)
-    // First come, first served: waiters take the lease in arrival order.
-    Fifo,
-    // A new waiter supersedes every older waiter of the target (which exit busy).
-    Latest,
-    // No order among these waiters (leasectl before queues); they still go after the ordered
-    // waiters, and are listed in `status`.
-    Unordered,
-}
-
-impl QueueMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            QueueMode::Fifo => "fifo",
-            QueueMode::Latest => "latest",
-            QueueMode::Unordered => "unordered",
-        }
-    }
-
-    /// Whether the waiter keeps (and holds others to) its place.
-    pub fn ordered(self) -> bool {
-        self != QueueMode::Unordered
-    }
-}
+use crate::model::order::QueueMode;
 
 /// Our place in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -298,7 +271,7 @@ pub async fn look(
     let stopping = row
         .get::<_, Option<i64>>("stopping_left_ms")
         .map(|left| Stopping {
-            who: super::leases::who(row.get("stopping_host"), row.get("stopping_pid"), None),
+            who: super::holder::who(row.get("stopping_host"), row.get("stopping_pid"), None),
             fence: row.get::<_, Option<i64>>("stopping_fence").unwrap_or(0),
             left: crate::fmt::millis(left),
         });

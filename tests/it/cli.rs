@@ -503,7 +503,7 @@ fn every_help_example_parses_as_pasted() {
                 .unwrap_or_else(|e| panic!("the example {line:?} does not parse: {e}"));
             checked += 1;
             if let leasectl::cli::Command::Run(run) = parsed.command {
-                if let (Some(leasectl::config::Wait::Upto(wait)), Some(_)) =
+                if let (Some(leasectl::model::flags::Wait::Upto(wait)), Some(_)) =
                     (run.lease.wait, run.reuse_within)
                 {
                     assert!(

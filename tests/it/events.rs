@@ -1,5 +1,5 @@
 //! Outbox helpers shared by the relay tests: a migrated schema, events inserted the way an
-//! application would, and checks on what a sink received (SPEC's published form, the same set
+//! application would, and checks on what a sink received (the published form, the same set
 //! of ids, per-aggregate order).
 
 use std::collections::{HashMap, HashSet};
@@ -101,7 +101,7 @@ pub(crate) fn outbox_list(env: &Env, dead: bool) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
-/// Checks that `body` is SPEC's published form of one of `rows` (keys in SPEC's order, values
+/// Checks that `body` is the published form of one of `rows` (keys in the published order, values
 /// those of the row) and returns it parsed.
 pub(crate) fn assert_published_form(body: &[u8], rows: &HashMap<String, Row>) -> Value {
     let text = std::str::from_utf8(body).expect("UTF-8 body");

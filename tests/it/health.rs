@@ -1,4 +1,4 @@
-//! The dead-man switch (issue 10 §2): `expect`, health in `status`, `check`, and the incident
+//! The dead-man switch: `expect`, health in `status`, `check`, and the incident
 //! events a running relay inserts — exactly once, even with three relays.
 //!
 //! Fixtures are SQL rows (expectations, runs, leases) dated relative to the database's `now()`,

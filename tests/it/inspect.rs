@@ -508,7 +508,7 @@ fn status_on_a_terminal_cuts_long_cells_and_a_pipe_gets_them_whole() {
     assert!(names.contains(&target.as_str()), "{names:?}");
 }
 
-// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// The same tests with leasectl behind a transaction-mode pgbouncer (every command
 // works through a pooler).
 crate::via_pooler!(
     status_json_has_the_documented_keys_for_held_and_free_targets,

@@ -1,4 +1,4 @@
-//! The command's own events, `LEASECTL_EVENTS` and `leasectl emit` (issue 10 §3): stored in the
+//! The command's own events, `LEASECTL_EVENTS` and `leasectl emit`: stored in the
 //! fenced save's transaction after the run's event, in file order — all or nothing, and never
 //! for a run that lost its lease.
 

@@ -427,7 +427,7 @@ fn waiters_are_woken_by_the_release_not_by_their_fallback_poll() {
     );
 }
 
-// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// The same tests with leasectl behind a transaction-mode pgbouncer (every command
 // works through a pooler).
 crate::via_pooler!(
     sixteen_simultaneous_runs_exactly_one_runs_the_rest_exit_busy_promptly,

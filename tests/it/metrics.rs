@@ -1,4 +1,4 @@
-//! `relay --metrics ADDR` (issue 12 §1): scraped with a real HTTP client (curl) while events flow
+//! `relay --metrics ADDR`: scraped with a real HTTP client (curl) while events flow
 //! to the exec sink, the counters match what the sink received.
 
 use std::net::TcpListener;

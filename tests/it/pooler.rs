@@ -1,4 +1,4 @@
-//! leasectl behind a transaction-mode pgbouncer (issue 9 §1): every command works, and nothing
+//! leasectl behind a transaction-mode pgbouncer: every command works, and nothing
 //! of a leasectl session — a named prepared statement, a setting, a LISTEN — is left on the
 //! server connection for the pool's next client.
 //!

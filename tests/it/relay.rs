@@ -92,7 +92,7 @@ fn the_published_form_is_spec_json_for_application_and_run_events() {
     let text = stdout(&o);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    // Keys in SPEC's order, values those of the rows, one line each.
+    // Keys in the published order, values those of the rows, one line each.
     let app = assert_published_form(lines[0].as_bytes(), &rows);
     assert_eq!(app["aggregate_id"], "42");
     assert_eq!(
@@ -766,7 +766,7 @@ fn the_relay_and_the_outbox_commands_work_through_a_transaction_mode_pooler() {
     assert_eq!(outbox_count(&env), 0);
 }
 
-// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// The same tests with leasectl behind a transaction-mode pgbouncer (every command
 // works through a pooler; the relay polls there).
 crate::via_pooler!(
     once_drains_20k_events_to_stdout_each_exactly_once_in_aggregate_order,

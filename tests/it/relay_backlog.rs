@@ -1,5 +1,5 @@
 //! A relay draining a large backlog runs at the same speed whether or not the outbox has ever
-//! been analyzed (issue 9 §7).
+//! been analyzed.
 //!
 //! Without statistics the planner guesses that nearly every outbox row is dead or waiting out a
 //! retry: the claim's estimated cost went into the millions, which made PostgreSQL JIT-compile

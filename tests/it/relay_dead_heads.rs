@@ -1,6 +1,6 @@
-//! Dead events ahead of the live ones (issue 12 §5.9): 300,000 dead heads made every claim walk
-//! through all of them (0.7 s a claim). The relay must still deliver every live event, in each
-//! aggregate's order, and still hold back every aggregate with a dead or retrying event — and a
+//! Dead events ahead of the live ones: a claim must not walk through them (docs/BENCHMARKS.md,
+//! "Dead heads ahead of live events", has the figures). The relay must still deliver every live
+//! event, in each aggregate's order, and still hold back every aggregate with a dead or retrying event — and a
 //! claim must touch about as much of the table as it does without the dead events.
 //!
 //! No wall-clock thresholds: the speed property is asserted on the buffers the claim statement
@@ -134,7 +134,7 @@ fn every_live_event_behind_dead_heads_is_delivered_in_order_in_commit_order_too(
 /// The buffers (shared, hit or read) the relay's claim statement touches on `env`'s outbox, for
 /// one claim of `--batch 100` as the relay sends it (`reach` when `reach`), per
 /// `EXPLAIN (ANALYZE, BUFFERS)`, and the plan as text for a failure message.
-fn claim_buffers(env: &Env, order: leasectl::store::outbox::Order, reach: bool) -> (i64, String) {
+fn claim_buffers(env: &Env, order: leasectl::model::order::Order, reach: bool) -> (i64, String) {
     use leasectl::store::outbox::{explain_claim, ClaimLimits};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -186,7 +186,7 @@ fn vacuum_analyze(env: &Env) {
 /// touched ~1 buffer per dead event: 308,000 for 300,000).
 const ALLOWANCE: i64 = (DEAD / 10) as i64;
 
-fn claim_work_does_not_grow_with_dead_heads(order: leasectl::store::outbox::Order) {
+fn claim_work_does_not_grow_with_dead_heads(order: leasectl::model::order::Order) {
     let none = migrated();
     fill(&none, 0);
     let dead = migrated();
@@ -229,10 +229,10 @@ fn claim_work_does_not_grow_with_dead_heads(order: leasectl::store::outbox::Orde
 
 #[test]
 fn a_claim_behind_dead_heads_touches_no_more_than_without_them() {
-    claim_work_does_not_grow_with_dead_heads(leasectl::store::outbox::Order::Insert);
+    claim_work_does_not_grow_with_dead_heads(leasectl::model::order::Order::Insert);
 }
 
 #[test]
 fn a_claim_behind_dead_heads_touches_no_more_than_without_them_in_commit_order() {
-    claim_work_does_not_grow_with_dead_heads(leasectl::store::outbox::Order::Commit);
+    claim_work_does_not_grow_with_dead_heads(leasectl::model::order::Order::Commit);
 }

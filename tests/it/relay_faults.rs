@@ -1,5 +1,4 @@
-//! The relay under the faults of issue 12 §5's fault-injection campaign: each test here failed
-//! before its fix. Webhook receivers are the HTTP peer of `sink_local.rs` (a tokio
+//! The relay under injected faults: each test here failed before its fix. Webhook receivers are the HTTP peer of `sink_local.rs` (a tokio
 //! `TcpListener` on a thread of its own, see `relay_sinks.rs`).
 
 use std::collections::HashSet;
@@ -11,7 +10,7 @@ use crate::relay_sinks::{body, key, no_content, server_error, Relay, StreamGuard
 use crate::sink_brokers::{unique, Proxy};
 use crate::sink_local::Answer;
 
-/// §5.1: a receiver that resets the connection on one aggregate's requests (after reading
+/// A receiver that resets the connection on one aggregate's requests (after reading
 /// them) must cost only that aggregate: its head is charged, backs off and goes dead after
 /// `--max-attempts`, while every other aggregate drains. Before the fix a reset counted as
 /// "sink unreachable": nothing was charged, the whole relay backed off, and the poison event
@@ -96,7 +95,7 @@ fn a_webhook_resetting_one_aggregates_requests_stalls_only_that_aggregate() {
 /// A ~3 kB aggregate id (random hex: a btree entry of 3,224 bytes, over the 2,704 limit).
 const BIG_ID: &str = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 100) g)";
 
-/// §5.3: one refused event with a ~3 kB aggregate_id could not be put back (`index row size
+/// One refused event with a ~3 kB aggregate_id could not be put back (`index row size
 /// 3224 exceeds btree … "outbox_held"`): the batch rolled back, the relay exited 70 and
 /// republished the batch on every restart, and `outbox retry` exited 70 too.
 #[test]
@@ -156,7 +155,7 @@ fn a_refused_event_with_a_3kb_aggregate_id_goes_dead_like_any_other() {
     assert_eq!(outbox_count(&env), 0);
 }
 
-/// §5.3, the general rule: a put-back PostgreSQL refuses (here a CHECK an application added that
+/// The general rule: a put-back PostgreSQL refuses (here a CHECK an application added that
 /// no charged event passes) never rolls the others back. The refused event goes back as it was
 /// claimed; the delivered ones stay delivered — each posted once, however often the refused one
 /// comes round again.
@@ -203,7 +202,7 @@ fn a_put_back_postgresql_refuses_never_rolls_back_the_rest_of_the_batch() {
     );
 }
 
-/// §5.2: the claim looked only at the oldest 2 × `--batch` events, so 3,000 events of one
+/// The claim looked only at the oldest 2 × `--batch` events, so 3,000 events of one
 /// aggregate ahead of 1,000 others kept the others waiting until the burst had (nearly) drained.
 /// Now it reaches past the busy aggregate to the others' heads: they arrive at the sink while
 /// most of the burst is still to come (asserted by order of arrival, not by time).
@@ -212,7 +211,7 @@ fn a_burst_on_one_aggregate_does_not_hold_the_others_back() {
     burst_then_others(&[]);
 }
 
-/// The same with `--order commit` (issue 12 §3), whose claim reads the outbox in `(xid, seq)`
+/// The same with `--order commit`, whose claim reads the outbox in `(xid, seq)`
 /// order: the burst's transaction is older, so it fills the windows just the same.
 #[test]
 fn a_burst_on_one_aggregate_does_not_hold_the_others_back_in_commit_order() {
@@ -255,7 +254,7 @@ fn burst_then_others(order: &[&str]) {
     );
 }
 
-/// §5.4: the next attempt was timed from the batch's start (`now()` in its transaction), not
+/// The next attempt was timed from the batch's start (`now()` in its transaction), not
 /// from the refusal: against a receiver that answers 500 only after 1.5 s, the first retry
 /// (1 s backoff) was due before the refusal arrived and went out at once. Now the gap between
 /// a refusal and the next request is the documented backoff: 1 s, then 2 s, ±20%.
@@ -314,7 +313,7 @@ fn refusing_b() -> Webhook {
     })))
 }
 
-/// §5.8: when the COMMIT certainly failed (the server answered it with an error), the delivered
+/// When the COMMIT certainly failed (the server answered it with an error), the delivered
 /// events *will* be published again — and they are still in the outbox.
 #[test]
 fn a_commit_refused_by_the_server_says_the_events_will_be_published_again() {
@@ -332,7 +331,7 @@ fn a_commit_refused_by_the_server_says_the_events_will_be_published_again() {
     assert_eq!(outbox_count(&env), 2, "rolled back: 'a' is still there");
 }
 
-/// §5.8: when the connection breaks while the COMMIT is out and no answer comes back, nobody
+/// When the connection breaks while the COMMIT is out and no answer comes back, nobody
 /// knows whether it went through: "may", never "will". The relay talks to PostgreSQL through a
 /// TCP proxy that passes the batch's COMMIT on and then cuts the relay off: the commit does go
 /// through (the outbox is empty), and the relay must not claim otherwise.
@@ -414,7 +413,7 @@ fn cut_after_the_batchs_commit() -> u16 {
     port
 }
 
-/// §5.5: `outbox retry ID` on an event inside a running batch waited for the batch and then said
+/// `outbox retry ID` on an event inside a running batch waited for the batch and then said
 /// "no event … already delivered or discarded?" (exit 1) while the event was back, retrying.
 /// Now it says the event is being delivered, waits, and re-queues the put-back event.
 #[test]
@@ -445,7 +444,7 @@ fn outbox_retry_of_an_event_in_a_running_batch_says_so_and_requeues_it() {
     assert_eq!(hook.count(), 2, "the refused try, then the re-queued one");
 }
 
-/// §5.8: a NATS outage was silent until `--timeout` ran out on a delivery (async-nats
+/// A NATS outage was silent until `--timeout` ran out on a delivery (async-nats
 /// reconnects by itself and a publication waits for it). The sink now warns once when the
 /// connection drops and once when it is back — long before the `--timeout` of 60 s here. The
 /// outage is a TCP proxy in front of NATS that is cut (every connection closed, nothing

@@ -1,8 +1,8 @@
-//! `relay --order insert|commit` (issue 12 §3), `--batch-bytes` (§5.6), and the warnings naming
+//! `relay --order insert|commit`, `--batch-bytes`, and the warnings naming
 //! what holds a relay back: an open transaction under `--order commit`, a snapshot holding the
-//! xmin horizon (§5.9).
+//! xmin horizon.
 //!
-//! The scene of §3: transaction A inserts event A of aggregate X and stays open; transaction B
+//! The scene: transaction A inserts event A of aggregate X and stays open; transaction B
 //! then inserts event B of X and commits. `seq` says A comes first, but only B is committed.
 
 use std::process::Stdio;

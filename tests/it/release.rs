@@ -1,4 +1,4 @@
-//! `release --force` (issue 9 §6): the holder is told at once, stops its command and records
+//! `release --force`: the holder is told at once, stops its command and records
 //! a `lost` run; `release` waits for that record, or for the old lease to expire, and says
 //! which happened — so the next holder cannot overlap with the old command.
 

@@ -1,4 +1,4 @@
-//! `--replace` (issue 11 §2): cancel-in-progress without overlap. The old holder is told at once,
+//! `--replace`: cancel-in-progress without overlap. The old holder is told at once,
 //! stops its command, records its run `preempted` and exits 76; the replacement starts its own
 //! command only after that — or once the old lease would have expired anyway.
 

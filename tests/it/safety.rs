@@ -1,4 +1,4 @@
-//! No command outlives its lease (issue 7): each test reproduces one way a wrapped command
+//! No command outlives its lease: each test reproduces one way a wrapped command
 //! used to keep running without the lease, or leasectl used to hang while holding one, and
 //! checks it cannot happen any more.
 

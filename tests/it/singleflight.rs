@@ -264,7 +264,7 @@ fn a_result_stored_while_the_caller_acquired_is_reused_instead_of_running_again(
     );
 }
 
-// The same tests with leasectl behind a transaction-mode pgbouncer (issue 9: every command
+// The same tests with leasectl behind a transaction-mode pgbouncer (every command
 // works through a pooler).
 crate::via_pooler!(
     eight_concurrent_waiting_callers_run_the_command_once_and_print_the_same_output,

@@ -74,7 +74,7 @@ fn event(aggregate: &str, n: i64, event_type: &str) -> Event {
     }
 }
 
-/// SPEC's object for `e` (what `--format json` publishes), parsed from a message body.
+/// The published object for `e` (what `--format json` publishes), parsed from a message body.
 fn body_is_spec_object(body: &[u8], e: &Event) {
     let got: serde_json::Value = serde_json::from_slice(body).unwrap();
     let want = serde_json::json!({

@@ -44,7 +44,7 @@ fn event(aggregate_id: &str, payload: serde_json::Value) -> Event {
     }
 }
 
-/// SPEC's object for `e` (what `--format json` publishes), parsed.
+/// The published object for `e` (what `--format json` publishes), parsed.
 fn spec_object(e: &Event) -> serde_json::Value {
     serde_json::json!({
         "id": e.id.to_string(),

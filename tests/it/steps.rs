@@ -1,4 +1,4 @@
-//! Leases across steps (issue 11 §3): `acquire` prints a lease that outlives it, `run --token`
+//! Leases across steps: `acquire` prints a lease that outlives it, `run --token`
 //! runs steps under it with the same fenced save, `renew` extends it between steps and
 //! `release --token` ends it; a token that no longer holds the target gets 76 everywhere.
 

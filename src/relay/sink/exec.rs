@@ -4,7 +4,7 @@
 //! COMMAND is a shell command line, run as `/bin/sh -c COMMAND` (so quoting, pipes and
 //! `$VARIABLES` work as in a script). For each event:
 //!
-//! * stdin is the event's JSON ([`super::Format::document`]: SPEC's object, or a CloudEvent in
+//! * stdin is the event's JSON ([`super::Format::document`]: the published JSON object, or a CloudEvent in
 //!   structured mode) followed by a newline, then end of file. A command that does not
 //!   read it is fine: a write that fails because the command closed its stdin (`EPIPE`) is
 //!   ignored, and the write is abandoned once the command has exited — only the exit status

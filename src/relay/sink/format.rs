@@ -1,7 +1,7 @@
 //! What a sink publishes for an event (`--format`): the one place the published form is built,
 //! for every sink.
 //!
-//! * `json` (the default): SPEC's object `{"id","aggregate_type","aggregate_id","type","payload",
+//! * `json` (the default): the published object `{"id","aggregate_type","aggregate_id","type","payload",
 //!   "created_at"}` ([`crate::store::outbox::published_json`]), as every sink's body.
 //! * `cloudevents`: [CloudEvents 1.0](https://github.com/cloudevents/spec). Its attributes are
 //!   `specversion` `1.0`, `id` (the event id), `source` (`--source`, default `leasectl://SCHEMA`),
@@ -35,14 +35,15 @@ pub const DATACONTENTTYPE: &str = "application/json";
 /// A parsed `--format` (with `--source`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Format {
-    /// SPEC's JSON object (the default).
+    /// The published JSON object, `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
+    /// (the default).
     Json,
     /// CloudEvents 1.0 with this `source`.
     CloudEvents { source: String },
 }
 
 impl Format {
-    /// The event as one JSON object on one line, without a newline: SPEC's object, or the
+    /// The event as one JSON object on one line, without a newline: the published object, or the
     /// CloudEvents JSON event format (structured mode) — what stdout and `exec:` publish.
     pub fn document(&self, e: &Event) -> String {
         match self {

@@ -29,7 +29,7 @@
 //!   crashes or drops the connection on one particular event): the event is charged and backs
 //!   off on its own schedule, and after `--max-attempts` it is dead, while other aggregates go
 //!   on. Counting it as an outage instead backed the whole relay off for one event's sake, for
-//!   ever (issue 12 §5.1). A receiver restarting mid-request costs the requests in flight one
+//!   ever. A receiver restarting mid-request costs the requests in flight one
 //!   attempt each, retried after a second.
 //! * **Unavailable** (no attempt counted; the relay backs off): the sink could not be reached —
 //!   DNS failure, connection refused, connect timeout, TLS handshake failure. None of these says

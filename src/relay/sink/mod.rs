@@ -1,4 +1,4 @@
-//! Where `leasectl relay` publishes events: the sinks of SPEC's table.
+//! Where `leasectl relay` publishes events: one module per sink `--sink` accepts.
 //!
 //! A sink is chosen by `--sink SINK` ([`SinkSpec::parse`], a usage error when malformed) and
 //! opened once by the relay ([`Sink::open`]). The relay then calls [`Sink::deliver`] for each

@@ -20,7 +20,7 @@
 //!   that waited for a failed attempt share its verdict instead of each trying again.
 //! * **A lost connection is said at once.** Publications made while async-nats reconnects wait
 //!   for it, up to `--timeout`, before the relay can tell the sink is down; so the sink warns
-//!   once when the connection drops and once when it is back (issue 12 §5.8), from the client's
+//!   once when the connection drops and once when it is back, from the client's
 //!   event callback.
 //! * **The stream is ensured once per connection**, by looking up which stream captures
 //!   `PREFIX.>` (JetStream's own subject lookup). An existing stream is used whatever its name —
