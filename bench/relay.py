@@ -21,7 +21,7 @@ Measured:
               payloads; 1000 aggregates, and 1 aggregate for stdout; stdout also from an outbox
               that was never analyzed, beside the same floor) — wall time of the whole
               process, start to exit — against the floor: the relay's own claim statement (the
-              CLAIM constant read from src/store/outbox.rs, 1000 rows per statement, window 2000, max
+              CLAIM constant read from src/store/outbox/claim.rs, 1000 rows per statement, window 2000, max
               seq i64::MAX, reach 0: the relay looks past its window only while that finds something) run by `pgbench -M prepared` from one persistent connection,
               each in the transaction the relay opens for it (BEGIN_CLAIM's planner settings),
               until the table is empty. Each round fills a fresh schema (then VACUUM
@@ -174,10 +174,10 @@ def real_binary(tool):
 def claim_script(schema):
     """The relay's CLAIM statement in its transaction, as a pgbench script with :batch, :window,
     :maxseq, :reach and :bytes."""
-    src = (REPO / "src/store/outbox.rs").read_text()
+    src = (REPO / "src/store/outbox/claim.rs").read_text()
     m = re.search(r'const CLAIM: &str = "(.*?)";', src, re.S)
     if not m:
-        die("cannot find the CLAIM constant in src/store/outbox.rs")
+        die("cannot find the CLAIM constant in src/store/outbox/claim.rs")
     sql = re.sub(r"--[^\n]*", "", m.group(1))
     # The order's placeholders (Order::claim_sql), as `--order insert` fills them: the floor is
     # the insert-order claim, the reference for both orders.
@@ -214,7 +214,7 @@ def claim_script(schema):
     # command a line, since pgbench -M prepared prepares each command on its own.
     m = re.search(r'const BEGIN_CLAIM: &str = "(.*?)";', src, re.S)
     if not m:
-        die("cannot find the BEGIN_CLAIM constant in src/store/outbox.rs")
+        die("cannot find the BEGIN_CLAIM constant in src/store/outbox/claim.rs")
     begin = "".join(c.strip() + ";\n" for c in m.group(1).split(";") if c.strip())
     return begin + sql + ";\nCOMMIT;\n"
 

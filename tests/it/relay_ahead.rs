@@ -1,5 +1,5 @@
 //! The relay claims its next batch on a second connection while it publishes one ("Claiming
-//! ahead" in src/store/outbox.rs): that it does, that the two batches stay within
+//! ahead" in src/store/outbox/mod.rs): that it does, that the two batches stay within
 //! `--batch-bytes`, that a refusal in the batch in hand puts the batch claimed ahead back before
 //! anything of it is published, that a batch claimed ahead whose session was ended is claimed
 //! again rather than published, and that when the batch in hand cannot commit, the one claimed

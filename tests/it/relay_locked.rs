@@ -1,5 +1,5 @@
 //! Relays never wait for each other: a relay skips an aggregate whose head another relay's
-//! batch holds (`FOR UPDATE SKIP LOCKED` on the heads of the claim, src/store/outbox.rs), also
+//! batch holds (`FOR UPDATE SKIP LOCKED` on the heads of the claim, src/store/outbox/claim.rs), also
 //! when that batch is the one claimed ahead on the other relay's second connection, and also
 //! when the held aggregates' later events fill its whole window. Order needs the heads locked;
 //! liveness needs the skip: without it the second relay's claim waits on the first relay's

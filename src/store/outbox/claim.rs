@@ -1,0 +1,437 @@
+//! Claiming a batch: the claim statement and its templates for each [`Order`], the limits it
+//! takes ([`ClaimLimits`], [`Reach`]), the transaction it opens (the planner settings and the
+//! idle timeout, sent with it in one round trip), `EXPLAIN` of it for tests and benchmarks, and
+//! `--once`'s cut-off. How and why a batch is claimed this way is the module documentation of
+//! [`super`]; the batch is ended by [`super::settle()`] or [`super::rollback`].
+
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use super::{rollback, Event};
+use crate::db::Schema;
+use crate::model::order::Order;
+use crate::store::{ms, sql};
+
+/// How many of the oldest events the claim looks at, per event it may return.
+const WINDOW_FACTOR: i64 = 2;
+
+/// How far past the window the claim looks for other aggregates' heads when the window gives
+/// fewer than `--batch` heads, in windows: a burst of up to this many windows' events on a
+/// few aggregates (20,000 events at `--batch 100`) cannot make the others wait for it. The look
+/// costs a scan of up to that many rows, so the relay asks for it ([`claim`]'s `reach`) only
+/// when it may find something: see `Relay::batch`.
+pub const REACH_FACTOR: u32 = 100;
+
+/// How far a claim looks past its window (step 3 of the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// Not at all: the window only.
+    None,
+    /// Through up to [`REACH_FACTOR`] windows of events, taking in the events of up to this
+    /// many windows' worth (at least 1, at most [`REACH_FACTOR`]) of aggregates the first
+    /// window does not hold.
+    Windows(u32),
+}
+
+/// The claim statement; see the module documentation. `$1` = batch size, `$2` = window size,
+/// `$3` = the cut-off (`--once` stops at what existed when it started; see [`ClaimLimits`]), `$4` = how
+/// many events past the window to look through for other aggregates' heads, `$5` = the batch's
+/// payload bytes (`--batch-bytes`), `$6` = the `seq`s of a batch this relay holds on another
+/// connection, to count as gone (a claim ahead; empty otherwise), `$7` = whether the first event
+/// is taken whatever its size (not when claiming ahead), `$8` = how many events past the window
+/// to take in (see [`Reach`]). Placeholders for the order ([`Order`]): `{up_to}` (the events
+/// within the cut-off `$3`), `{eligible}` (the events this order may publish now), `{key:X}` (an aggregate's order, for alias X), `{past}`
+/// (past the first window), `{firsts:W}` (each aggregate's first event in window W).
+const CLAIM: &str = "
+WITH win1 AS MATERIALIZED (
+    SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
+           pg_column_size(o.payload) AS size, pg_column_compression(o.payload) IS NOT NULL AS packed
+      FROM {s}.outbox o
+     WHERE {up_to}{eligible}
+       AND o.seq <> ALL ($6)
+       -- Exactly the predicate of the indexes of migration 0010: the ordered scan reads only
+       -- events that are not dead, and probes outbox_held once for each (a dead event's
+       -- aggregate is held whole, so leaving dead events out changes nothing else).
+       AND o.dead_at IS NULL AND {not_held:o}
+     ORDER BY {key:o}
+     LIMIT $2
+), firsts1 AS (
+    {firsts:win1}
+), heads1 AS MATERIALIZED (
+    SELECT o.seq, o.aggregate_type, o.aggregate_id
+      FROM {s}.outbox o
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts1))
+     ORDER BY {key:o}
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), win2 AS MATERIALIZED (
+    -- Only when the window gives fewer than $1 heads (a burst on a few aggregates, or
+    -- aggregates whose heads other relays hold, or a session of this relay's that it lost):
+    -- the events just past it of the aggregates it does not hold. The condition refers to
+    -- nothing of this scan, so it is a one-time filter: otherwise the scan never runs. An
+    -- aggregate absent from the window has all its events past it, so the first of its events
+    -- seen here is its head, and its events here a prefix of its chain.
+    -- It takes in $8 of those events: one window's worth at first, more while the claims
+    -- that looked this far still came back short (their aggregates' heads were locked).
+    SELECT p.seq, p.xid, p.aggregate_type, p.aggregate_id, p.size, p.packed
+      FROM (SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
+                   pg_column_size(o.payload) AS size,
+                   pg_column_compression(o.payload) IS NOT NULL AS packed
+              FROM {s}.outbox o
+             WHERE {up_to}{eligible} AND o.dead_at IS NULL AND {past} AND o.seq <> ALL ($6)
+             ORDER BY {key:o}
+             LIMIT $4) p
+     WHERE $4 > 0
+       AND (SELECT count(*) FROM heads1) < $1
+       AND (p.aggregate_type, p.aggregate_id) NOT IN (
+            SELECT aggregate_type, aggregate_id FROM win1)
+       AND {not_held:p}
+     ORDER BY {key:p}
+     LIMIT $8
+), firsts2 AS (
+    {firsts:win2}
+), heads2 AS (
+    SELECT o.seq, o.aggregate_type, o.aggregate_id
+      FROM {s}.outbox o
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts2))
+     ORDER BY {key:o}
+     LIMIT $1 - (SELECT count(*) FROM heads1)
+       FOR UPDATE SKIP LOCKED
+), heads AS (
+    SELECT * FROM heads1 UNION ALL SELECT * FROM heads2
+), win AS (
+    SELECT * FROM win1 UNION ALL SELECT * FROM win2
+), picked AS MATERIALIZED (
+    -- Every head first, then the rest in order: one long chain cannot fill the batch while
+    -- other aggregates wait, and each aggregate still contributes a prefix of its chain.
+    SELECT w.seq, w.xid, w.seq = h.seq AS head, w.size, w.packed
+      FROM win w
+      JOIN heads h ON h.aggregate_type = w.aggregate_type AND h.aggregate_id = w.aggregate_id
+     ORDER BY w.seq = h.seq DESC, {key:w}
+     LIMIT $1
+), claimed AS (
+    -- The longest prefix of that order within $5 payload bytes, and always its first event
+    -- (so an event larger than $5 still goes, alone): a prefix of a list where heads come first and each aggregate's events
+    -- follow in order still takes a prefix of each aggregate's chain. A payload stored
+    -- compressed is measured as the text it will be sent as (one lookup for each of at most
+    -- $1 events); any other by its stored size, which costs nothing.
+    SELECT c.seq
+      FROM (SELECT p.seq,
+                   row_number() OVER run AS n,
+                   sum(CASE WHEN p.packed
+                            THEN (SELECT octet_length(b.payload::text) FROM {s}.outbox b
+                                   WHERE b.seq = p.seq)
+                            ELSE p.size END) OVER run AS bytes
+              FROM picked p
+            WINDOW run AS (ORDER BY p.head DESC, {key:p} ROWS UNBOUNDED PRECEDING)) c
+     WHERE (c.n = 1 AND $7) OR c.bytes <= $5
+)
+DELETE FROM {s}.outbox o
+ WHERE o.seq = ANY (ARRAY(SELECT seq FROM claimed))
+RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_id, o.type,
+          o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
+          o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
+          o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached";
+
+impl Order {
+    /// The claim statement for this order, with the shared predicates and the schema spliced in.
+    fn claim_sql(self, schema: &Schema) -> String {
+        let (up_to, eligible, key, past, firsts) = match self {
+            Order::Insert => (
+                "o.seq <= $3",
+                "",
+                "A.seq",
+                "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)",
+                "SELECT min(seq) AS seq FROM {w} GROUP BY aggregate_type, aggregate_id",
+            ),
+            // The horizon is an index condition on outbox_commit_order: the scan stops where
+            // the events of transactions still in progress begin, however many there are.
+            Order::Commit => (
+                "o.xid <= ($3::text)::xid8",
+                " AND o.xid < pg_snapshot_xmin(pg_current_snapshot())",
+                "A.xid, A.seq",
+                "(o.xid, o.seq) > ((SELECT max(xid) FROM win1),
+                                   (SELECT max(seq) FROM win1
+                                     WHERE xid = (SELECT max(xid) FROM win1)))",
+                // min() over an array compares element by element; hashed by aggregate, where
+                // DISTINCT ON would sort the window by its text keys (a third of the claim).
+                "SELECT (min(ARRAY[xid::text::int8, seq]))[2] AS seq FROM {w}
+                  GROUP BY aggregate_type, aggregate_id",
+            ),
+        };
+        let mut t = CLAIM
+            .replace("{up_to}", up_to)
+            .replace("{eligible}", eligible)
+            .replace("{past}", past)
+            .replace("{firsts:win1}", &firsts.replace("{w}", "win1"))
+            .replace("{firsts:win2}", &firsts.replace("{w}", "win2"));
+        for alias in ["o", "p", "w"] {
+            t = t.replace(
+                &format!("{{key:{alias}}}"),
+                &key.replace("A.", &format!("{alias}.")),
+            );
+        }
+        sql(schema, &t)
+    }
+}
+
+/// A claimed event: what the sink gets, plus the bookkeeping needed to put it back unchanged.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub event: Event,
+    /// The inserting transaction's id (`xid8`; 0 for events from before migration 0009): the
+    /// commit order's key, kept when the event is put back.
+    pub xid: i64,
+    pub attempts: i32,
+    pub next_attempt_at: SystemTime,
+    pub last_error: Option<String>,
+    pub dead_at: Option<SystemTime>,
+    /// Dead or not yet due: claimed only because it sits behind a head that is due (possible
+    /// only when commit order differed from `seq` order). Never published in this batch.
+    pub blocked: bool,
+    /// Found past the window (step 2 of the claim), behind a busy or locked aggregate.
+    pub reached: bool,
+}
+
+impl Claimed {
+    fn from_row(r: &Row) -> Claimed {
+        Claimed {
+            event: Event {
+                seq: r.get("seq"),
+                id: r.get("id"),
+                aggregate_type: r.get("aggregate_type"),
+                aggregate_id: r.get("aggregate_id"),
+                event_type: r.get("type"),
+                payload: r.get("payload"),
+                created_at: r.get("created_at"),
+            },
+            xid: r.get("xid"),
+            attempts: r.get("attempts"),
+            next_attempt_at: r.get("next_attempt_at"),
+            last_error: r.get("last_error"),
+            dead_at: r.get("dead_at"),
+            blocked: r.get("blocked"),
+            reached: r.get("reached"),
+        }
+    }
+}
+
+/// Opens a batch's transaction with the planner steered for the claim (see [`claim`]), so that
+/// the claim's plan, and its cost, do not depend on the outbox's statistics.
+///
+/// A queue table is often empty, and a VACUUM of an empty outbox (the relay's or autovacuum's)
+/// leaves statistics that say "no rows" until the next ANALYZE. Planned with those, the claim
+/// joined its steps with nested loops that rescanned the table or the window once per row: a
+/// burst after a quiet spell took seconds per batch instead of milliseconds. So the claim
+/// reaches the table only through index conditions (`seq = ANY (…)`, the window's ordered scan,
+/// the `outbox_held` probes), never through a join, and its transaction takes sequential and
+/// bitmap scans and nested loops off the table: what is left are index scans and hash joins of
+/// the window with itself, whatever the statistics say.
+///
+/// An outbox that was never analyzed (a bulk insert that autovacuum has not caught up with)
+/// has no column statistics at all, and the planner then guesses that almost every row is dead
+/// or waiting out a retry (`dead_at IS NOT NULL` defaults to 99.5%). Two things followed from
+/// that guess, and the two settings below undo them:
+///
+/// * `jit = off`: the estimated cost went into the millions, past `jit_above_cost`, and every
+///   claim was JIT-compiled with inlining and optimisation — about a second per batch for a
+///   statement that runs in milliseconds, until someone ran ANALYZE. The claim touches at most `--batch` × 2 rows plus the blocked
+///   ones; compiling it never pays.
+/// * `hash_mem_multiplier = 1000` (its maximum): a `NOT IN` lookup is hashed only if the planner
+///   *expects* it to fit in hash memory, and "almost every row" did not, so the blocked
+///   aggregates' lookup (a `NOT IN` up to migration 0010, a probe per row since) became a rescan
+///   of the blocked rows for every row of the window — quadratic once a few thousand events
+///   were dead. The claim's hashes (the second window's lookup of the first, the joins of the
+///   window with itself) hold at most the windows, so allowing more hash memory costs nothing
+///   real; it only stops a guess from un-hashing them.
+///
+/// Why not ANALYZE the outbox when its statistics are missing: it needs the table's owner (a
+/// relay often runs as a less privileged role), it would be stale again after the next bulk
+/// insert, and the statistics only ever mattered through the two guesses above. `SET LOCAL`
+/// keeps all of this to the batch's transaction (also behind a transaction-mode pooler); the
+/// relay's other statements are planned normally.
+const BEGIN_CLAIM: &str = "BEGIN;
+    SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_nestloop = off;
+    SET LOCAL jit = off; SET LOCAL hash_mem_multiplier = 1000";
+
+/// Sets a batch transaction's `idle_in_transaction_session_timeout` to `$1` milliseconds, unless
+/// the session's own is shorter (an operator's, for the role or the database: the relay never
+/// lengthens it), and returns the one now in force. `SET LOCAL` (`set_config(…, true)`): it ends
+/// with the transaction, so a transaction-mode pooler is fine. The relay counts on it to know
+/// how long the server may leave the transaction open while the relay publishes
+/// ([`crate::relay::liveness`]).
+const SET_IDLE: &str = "SELECT ms, set_config('idle_in_transaction_session_timeout', ms || 'ms', true) AS set
+  FROM (SELECT least(nullif((extract(epoch FROM current_setting('idle_in_transaction_session_timeout')::interval)
+                             * 1000)::int8, 0), $1) AS ms) t";
+
+/// What one claim may take.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimLimits {
+    /// Events (`--batch`).
+    pub batch: i64,
+    /// Payload bytes (`--batch-bytes`); the first event is taken whatever its size, except when
+    /// claiming ahead.
+    pub bytes: i64,
+    /// The cut-off (`--once` stops at what existed when it started, [`cut_off`]): the highest
+    /// `seq` to consider in [`Order::Insert`], the highest `xid` in [`Order::Commit`].
+    pub up_to: i64,
+    pub order: Order,
+}
+
+/// Opens a batch's transaction and claims up to `limits.batch` events in it, sorted in
+/// `limits.order` (by `seq`, or by `(xid, seq)`); the transaction's idle timeout is set to
+/// `idle` unless the session's own is shorter (`SET_IDLE`); all of it goes out together (one
+/// round trip). With `reach`, the claim may look past its window for other aggregates' heads
+/// (step 3 of the module documentation), taking in as much as [`Reach`] says. With `after`, it claims the batch that follows that
+/// one, which this relay holds uncommitted on another connection ("Claiming ahead" in the module
+/// documentation): its events count as gone, and the first event is taken only if it fits
+/// `limits.bytes` too, so the two batches together stay within it. Returns the events and the
+/// idle timeout in force. On error the transaction is rolled back. The caller ends it with
+/// [`settle`] or [`rollback`].
+///
+/// [`settle`]: super::settle()
+pub async fn claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: Reach,
+    after: Option<&[Claimed]>,
+    idle: Duration,
+) -> Result<(Vec<Claimed>, Duration), tokio_postgres::Error> {
+    let (rows, idle) =
+        begin_and_claim(client, schema, limits, reach, after, Some(idle), "").await?;
+    let mut claimed: Vec<Claimed> = rows.iter().map(Claimed::from_row).collect();
+    match limits.order {
+        Order::Insert => claimed.sort_unstable_by_key(|c| c.event.seq),
+        Order::Commit => claimed.sort_unstable_by_key(|c| (c.xid, c.event.seq)),
+    }
+    Ok((claimed, idle.unwrap_or_default()))
+}
+
+/// What [`claim`] does, as `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` shows it: the same
+/// statement with the same parameters in a transaction opened the same way, run and then rolled
+/// back, so nothing is claimed. For tests and benchmarks: which plan the claim gets, and how many
+/// rows and buffers it touches (`[0]["Plan"]` counts those of the whole statement).
+pub async fn explain_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: bool,
+) -> Result<serde_json::Value, tokio_postgres::Error> {
+    let reach = if reach {
+        Reach::Windows(1)
+    } else {
+        Reach::None
+    };
+    let (rows, _) = begin_and_claim(
+        client,
+        schema,
+        limits,
+        reach,
+        None,
+        None,
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ",
+    )
+    .await?;
+    rollback(client).await?;
+    Ok(rows.first().map(|r| r.get(0)).unwrap_or_default())
+}
+
+/// [`BEGIN_CLAIM`], [`SET_IDLE`] (with `idle`) and the claim statement (after `prefix`), in one
+/// round trip; returns the claim's rows and the idle timeout in force. On error the transaction
+/// is rolled back.
+async fn begin_and_claim(
+    client: &Client,
+    schema: &Schema,
+    limits: ClaimLimits,
+    reach: Reach,
+    after: Option<&[Claimed]>,
+    idle: Option<Duration>,
+    prefix: &str,
+) -> Result<(Vec<Row>, Option<Duration>), tokio_postgres::Error> {
+    let ClaimLimits {
+        batch,
+        bytes,
+        up_to,
+        order,
+    } = limits;
+    let window = batch.saturating_mul(WINDOW_FACTOR);
+    let (reach, taken_in) = match reach {
+        Reach::None => (0, window),
+        Reach::Windows(n) => (
+            window.saturating_mul(i64::from(REACH_FACTOR)),
+            window.saturating_mul(i64::from(n.clamp(1, REACH_FACTOR))),
+        ),
+    };
+    let claim = format!("{prefix}{}", order.claim_sql(schema));
+    let gone: Vec<i64> = after
+        .unwrap_or_default()
+        .iter()
+        .map(|c| c.event.seq)
+        .collect();
+    let first_always = after.is_none();
+    let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        (&batch, Type::INT8),
+        (&window, Type::INT8),
+        (&up_to, Type::INT8),
+        (&reach, Type::INT8),
+        (&bytes, Type::INT8),
+        (&gone, Type::INT8_ARRAY),
+        (&first_always, Type::BOOL),
+        (&taken_in, Type::INT8),
+    ];
+    let idle_ms = idle.map(ms);
+    let set_idle = async {
+        match idle_ms {
+            Some(idle_ms) => client
+                .query_typed_one(SET_IDLE, &[(&idle_ms, Type::INT8)])
+                .await
+                .map(|r| Some(r.get::<_, i64>("ms"))),
+            None => Ok(None),
+        }
+    };
+    let (begun, set, rows) = tokio::join!(
+        client.batch_execute(BEGIN_CLAIM),
+        set_idle,
+        client.query_typed(&claim, &params)
+    );
+    let done = begun.and(set).and_then(|set| Ok((rows?, set)));
+    match done {
+        Ok((rows, set)) => Ok((
+            rows,
+            set.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        )),
+        Err(e) => {
+            let _ = rollback(client).await;
+            Err(e)
+        }
+    }
+}
+
+/// Where `--once` stops: a cut through the outbox as it is now that takes a prefix of every
+/// aggregate's order, so that what it leaves for a later relay only ever follows what it
+/// publishes (0 when empty).
+///
+/// In [`Order::Insert`] that is the highest `seq`. In [`Order::Commit`] it is the highest `xid`
+/// of a live event: a transaction older than that one may still be open and insert more
+/// events, whose `seq`s come after every one seen now but whose place in the aggregate's
+/// order is before that newest transaction's events. A cut on `seq` published an aggregate's
+/// events 1 and 3 and left 2, of the older transaction, to the next relay. (Dead events are
+/// never claimed, so they do not count; the partial index `outbox_commit_order` answers it.)
+pub async fn cut_off(client: &Client, schema: &Schema, order: Order) -> Result<i64> {
+    let query = match order {
+        Order::Insert => "SELECT coalesce(max(seq), 0) AS up_to FROM {s}.outbox",
+        Order::Commit => {
+            "SELECT coalesce((SELECT xid::text::int8 FROM {s}.outbox WHERE dead_at IS NULL
+                               ORDER BY xid DESC, seq DESC LIMIT 1), 0) AS up_to"
+        }
+    };
+    let row = client
+        .query_typed_one(&sql(schema, query), &[])
+        .await
+        .context("cannot read the outbox")?;
+    Ok(row.get("up_to"))
+}
