@@ -37,12 +37,17 @@
 //! evaluates the watched targets' health and opens or closes their incidents, each with one
 //! outbox event ([`crate::health::reconcile`]); `--once` evaluates once, before it drains.
 
+mod ahead;
 pub mod backoff;
+mod horizon;
 pub mod liveness;
 pub mod metrics;
 pub mod progress;
 pub mod publish;
+mod reach;
+mod rest;
 pub mod sink;
+mod upkeep;
 pub mod wake;
 
 use std::time::Duration;
@@ -55,37 +60,21 @@ use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
 use crate::model::order::Order;
-use crate::store::outbox::{self, ClaimLimits, Claimed, Holder, Reach, Settle};
+use crate::store::outbox::{self, ClaimLimits, Reach, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
-use liveness::{best_effort, bounded, Lost, Open};
+use liveness::{bounded, Lost, Open};
 use metrics::Metrics;
 use progress::Progress;
 use publish::Publisher;
 use sink::{Sink, SinkOptions, SinkSpec};
-use wake::{IdleMark, Take};
+use wake::IdleMark;
 
-/// The relay vacuums the outbox after deleting this many rows (autovacuum looks only once a
-/// minute, and a fast relay can churn through millions of rows in that time).
-const VACUUM_EVERY: u64 = 20_000;
+use ahead::{worth_claiming_ahead, Ahead, Conn, Next};
+pub use horizon::describe;
+use reach::reach_after;
 
 /// How often at most the relay evaluates the targets' health.
 const HEALTH_EVERY: Duration = Duration::from_secs(1);
-
-/// While the claim fills its batches from its window alone, how often it still looks past the
-/// window for aggregates waiting behind a burst ([`outbox::claim`]'s `reach`).
-const REACH_EVERY: Duration = Duration::from_secs(1);
-
-/// With `--order commit`, how often at most a relay whose claims come back short looks whether
-/// committed events wait behind an open transaction, and how soon it claims again while they
-/// do (the transaction may end without a NOTIFY: it need not have inserted any event).
-const HELD_EVERY: Duration = Duration::from_millis(100);
-
-/// A warning about what holds the relay back is repeated at most this often.
-const WARN_EVERY: Duration = Duration::from_secs(60);
-
-/// After the second connection could not be opened, how long the relay claims one batch at a
-/// time before it tries again.
-const SPARE_RETRY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -247,118 +236,6 @@ struct BatchReport {
     sink_down: Option<String>,
 }
 
-/// Which of the relay's connections a batch's transaction is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Conn {
-    /// The one the relay connected with: LISTEN, the idle mark, and a batch claimed normally.
-    Main,
-    /// The second one, opened for claiming ahead.
-    Spare,
-}
-
-impl Conn {
-    fn other(self) -> Conn {
-        match self {
-            Conn::Main => Conn::Spare,
-            Conn::Spare => Conn::Main,
-        }
-    }
-}
-
-/// The second connection, and the batch claimed ahead on one of the two while the batch before
-/// it was published (see the module documentation and "Claiming ahead" in [`outbox`]).
-///
-/// A batch claimed ahead is kept only if every event of the batch before it was delivered, the
-/// relay is not stopping, and it is not empty; otherwise it is rolled back before that batch
-/// commits. Claiming ahead is only done on direct connections: behind a transaction-mode pooler
-/// the second transaction could wait for a server connection that only the first one's commit
-/// frees, and the first commits only after the second was claimed.
-#[derive(Default)]
-struct Ahead {
-    /// Opened when first needed; dropped when a statement on it failed (opened again later).
-    spare: Option<Db>,
-    /// The next batch.
-    next: Option<Next>,
-    /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
-    failed_at: Option<Instant>,
-}
-
-/// A claimed batch and its transaction.
-struct Next {
-    /// The connection its transaction is on.
-    conn: Conn,
-    events: Vec<Claimed>,
-    /// How long its claim took.
-    took: Duration,
-    /// When the last statement of its transaction that the server answered was sent (its
-    /// claim, or a later check), and the idle timeout its claim set: see [`Open`].
-    confirmed: Instant,
-    idle: Duration,
-}
-
-impl Ahead {
-    fn conn<'a>(&'a self, db: &'a Db, conn: Conn) -> &'a Db {
-        match conn {
-            Conn::Main => db,
-            Conn::Spare => self
-                .spare
-                .as_ref()
-                .expect("a batch on the second connection"),
-        }
-    }
-
-    /// The connection without a batch's transaction open: where the relay's statements between
-    /// batches go.
-    fn free<'a>(&'a self, db: &'a Db) -> &'a Db {
-        match (&self.next, &self.spare) {
-            (
-                Some(Next {
-                    conn: Conn::Main, ..
-                }),
-                Some(spare),
-            ) => spare,
-            _ => db,
-        }
-    }
-
-    /// Rolls back the batch claimed ahead, if any: its events are back in the outbox as they
-    /// were. A failure on the main connection is returned (the relay then reconnects, which
-    /// ends that transaction too); the second connection is simply dropped.
-    async fn roll_back(&mut self, db: &Db, deadline: Duration) -> Result<()> {
-        let Some(next) = self.next.take() else {
-            return Ok(());
-        };
-        let client = &self.conn(db, next.conn).client;
-        match bounded(deadline, "a rollback", outbox::rollback(client)).await {
-            Err(e) if next.conn == Conn::Main => Err(e),
-            Err(_) => {
-                self.failed(next.conn);
-                Ok(())
-            }
-            Ok(()) => Ok(()),
-        }
-    }
-
-    /// A statement on `conn` failed: the second connection is closed (and opened again when
-    /// next needed; the server ends its transaction once it notices); a main connection that
-    /// failed tells at its next statement.
-    fn failed(&mut self, conn: Conn) {
-        if conn == Conn::Spare {
-            if let Some(spare) = self.spare.take() {
-                spare.close_now();
-            }
-        }
-    }
-
-    /// Forgets both transactions' connection state after a failure: the second connection is
-    /// closed (the server rolls back whatever was open on it); the main one is reconnected by
-    /// the caller.
-    fn reset(&mut self) {
-        self.next = None;
-        self.failed(Conn::Spare);
-    }
-}
-
 impl Relay {
     async fn main_loop(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<Exit> {
         let mut sink_outage = Outage::new(self.cfg.sink.describe());
@@ -455,50 +332,6 @@ impl Relay {
         .await?;
         self.maybe_vacuum(free, report.delivered).await?;
         Ok(report)
-    }
-
-    /// Before sleeping: takes the idle mark, then claims once more — whatever committed without
-    /// a NOTIFY did so before the mark was taken ([`wake`]) — or sleeps.
-    async fn rest(&mut self, db: &mut Db, stop: &CancellationToken) -> Result<()> {
-        let mut nap = self.cfg.poll;
-        if self.held.is_some() {
-            nap = nap.min(HELD_EVERY);
-        }
-        if self.listening {
-            let d = self.cfg.statement_deadline;
-            let taken = tokio::time::timeout(d, self.mark.take(&db.client, &db.schema)).await;
-            match taken {
-                Ok(Ok(Take::Taken)) => {
-                    self.mark_waits = false;
-                    return Ok(());
-                }
-                // Claim again meanwhile, and retry; said once per episode.
-                Ok(Ok(Take::Busy)) => {
-                    if !self.mark_waits {
-                        self.mark_waits = true;
-                        info!("an open transaction that inserted events without a NOTIFY keeps this relay from sleeping on LISTEN; polling every {} until it ends", fmt::duration(wake::TAKE_WAIT));
-                    }
-                    return Ok(());
-                }
-                Ok(Ok(Take::Held)) => {}
-                // The holder may die or start working: try again soon, so that an
-                // unnotified event waits at most this long when this relay is the only one
-                // left.
-                Ok(Ok(Take::Other)) => nap = nap.min(wake::OTHER_RETRY),
-                // Sleep unmarked: the connection is gone (the next claim reconnects), or
-                // `--poll` finds the events.
-                Ok(Err(e)) => info!("cannot take the idle mark ({})", db::reason(&e)),
-                Err(_) => {
-                    // The mark may or may not be held now: a new session starts without it.
-                    return Err(Lost(format!(
-                        "the database did not answer the idle mark within {}",
-                        fmt::duration(d)
-                    ))
-                    .into());
-                }
-            }
-        }
-        self.idle(db, stop, nap).await
     }
 
     /// What the relay does when a statement failed: a lost connection (an error that means the
@@ -751,186 +584,6 @@ impl Relay {
         })
     }
 
-    /// The batch claimed ahead, if its transaction is still open. It waited while the batch
-    /// before it was published, and its session may have ended meanwhile (by the idle timeout
-    /// while this relay was paused, say): its events are then back in the outbox, for any relay
-    /// to claim, and must not be published from here. Known without a round trip within the
-    /// transaction's window ([`Open`]), with one past it. Lost on the second connection, it is
-    /// claimed again; on the main one, that connection is lost too ([`Lost`]).
-    async fn still_open(&self, db: &Db, ahead: &mut Ahead, mut next: Next) -> Result<Option<Next>> {
-        let d = self.cfg.statement_deadline;
-        let why = {
-            let client = &ahead.conn(db, next.conn).client;
-            let open = Open::new(client, next.confirmed, next.idle, self.in_flight, d);
-            if open.may_publish().await {
-                next.confirmed = open.confirmed();
-                return Ok(Some(next));
-            }
-            open.lost().unwrap_or_default()
-        };
-        if next.conn == Conn::Main {
-            return Err(Lost(format!(
-                "the batch claimed ahead was lost with its session ({why})"
-            ))
-            .into());
-        }
-        info!("the batch claimed ahead was lost with its session ({why}); claiming again");
-        ahead.failed(next.conn);
-        Ok(None)
-    }
-
-    /// Whether the next claim should look past its window (step 2 of [`outbox`]'s claim).
-    /// Looking past the window costs a scan of up to 100 windows; it is worth it only while it
-    /// finds something or the batches come back short (a burst, or heads that other relays
-    /// hold). A relay draining one long chain in full batches looks once a second, so others
-    /// that queue up behind it wait at most about that long.
-    ///
-    /// How far it looks grows while it keeps coming back short: the events just past the
-    /// window may all belong to aggregates whose heads other sessions hold (a relay's frozen
-    /// backends, another relay's batches, while writers add to those aggregates), and a look
-    /// of one window would then find them again and again and never the aggregates behind
-    /// them. Each short batch doubles it, up to the whole reach; a full one starts over.
-    fn reach_now(&mut self) -> Reach {
-        let reach = self.reach_next || self.reach_at.is_none_or(|t| t.elapsed() >= REACH_EVERY);
-        if !reach {
-            return Reach::None;
-        }
-        self.reach_at = Some(Instant::now());
-        Reach::Windows(self.reach_windows)
-    }
-
-    /// After a claim that looked as far as `reach`: what the next one should do.
-    fn claimed(&mut self, reach: Reach, claimed: &[Claimed]) {
-        (self.reach_next, self.reach_windows) =
-            reach_after(self.cfg.batch, reach, self.reach_windows, claimed);
-    }
-
-    /// Whether the next batch can be claimed ahead on `conn`: the main connection is always
-    /// there; the second is opened when first needed. Neither behind a transaction-mode pooler
-    /// (see [`Ahead`]).
-    async fn ready_to_claim_ahead(
-        &mut self,
-        db: &Db,
-        ahead: &mut Ahead,
-        conn: Conn,
-    ) -> Option<Conn> {
-        if !db.can_listen() {
-            return None;
-        }
-        if conn == Conn::Main || ahead.spare.is_some() {
-            return Some(conn);
-        }
-        if ahead.failed_at.is_some_and(|t| t.elapsed() < SPARE_RETRY) {
-            return None;
-        }
-        match db.another().await {
-            Ok(spare) => {
-                ahead.spare = Some(spare);
-                ahead.failed_at = None;
-                Some(conn)
-            }
-            Err(e) => {
-                if ahead.failed_at.is_none() {
-                    warn!(
-                        "cannot open a second database connection ({e:#}); claiming one batch at a time"
-                    );
-                }
-                ahead.failed_at = Some(Instant::now());
-                None
-            }
-        }
-    }
-
-    /// `--order commit`: notes whether committed events wait behind a transaction still in
-    /// progress, and warns — naming its backend — when the same one has held them back for
-    /// longer than `--poll` × 10: once for each such transaction, repeated at most once per
-    /// [`WARN_EVERY`] while it lasts. Looks at most once per [`HELD_EVERY`], after a short claim
-    /// (a full one is not held back). Best effort.
-    async fn watch_commit_horizon(&mut self, db: &Db) -> Result<(), Lost> {
-        if self.cfg.order != Order::Commit
-            || (!self.cfg.once && self.held_at.is_some_and(|t| t.elapsed() < HELD_EVERY))
-        {
-            return Ok(());
-        }
-        let d = self.cfg.statement_deadline;
-        self.held_at = Some(Instant::now());
-        let horizon = outbox::commit_horizon(&db.client, &db.schema);
-        let Some(h) = best_effort(d, "the look at the commit horizon", horizon).await? else {
-            return Ok(());
-        };
-        if !h.held {
-            self.held = None;
-            return Ok(());
-        }
-        let since = match self.held {
-            Some((xmin, since)) if xmin == h.xmin => since,
-            _ => {
-                self.held = Some((h.xmin, Instant::now()));
-                return Ok(());
-            }
-        };
-        let waited = since.elapsed();
-        if waited < self.cfg.poll.saturating_mul(10)
-            || self
-                .held_warned
-                .is_some_and(|(xmin, t)| xmin == h.xmin && t.elapsed() < WARN_EVERY)
-        {
-            return Ok(());
-        }
-        self.held_warned = Some((h.xmin, Instant::now()));
-        let holder = outbox::xid_holder(&db.client, h.xmin);
-        let who = match best_effort(d, "the look at pg_stat_activity", holder).await? {
-            Some(Some(holder)) => describe(&holder),
-            // Ended meanwhile, or in no view this role may read.
-            _ => "no backend in pg_stat_activity has it (ended meanwhile?)".to_owned(),
-        };
-        warn!(
-            "--order commit: events have waited {} for transaction {} to end: {who}; events committed after it began are published once it commits or rolls back",
-            fmt::duration(waited),
-            h.xmin
-        );
-        Ok(())
-    }
-
-    /// Warns, naming the backend, when a transaction open longer than `--poll` × 10 holds back
-    /// the xmin horizon while this relay deletes events: VACUUM cannot remove the deleted rows,
-    /// and every claim wades through them. Looks at most once per `--poll` × 10
-    /// (capped at a minute), only after deleting events, and warns once per backend. Best
-    /// effort.
-    async fn watch_xmin_horizon(&mut self, db: &Db) -> Result<(), Lost> {
-        let every = self.cfg.poll.saturating_mul(10).min(WARN_EVERY);
-        if self.horizon_at.is_some_and(|t| t.elapsed() < every) {
-            return Ok(());
-        }
-        self.horizon_at = Some(Instant::now());
-        let deleted = std::mem::take(&mut self.deleted_since_horizon);
-        if deleted == 0 {
-            return Ok(());
-        }
-        let min_ms = fmt::ms(self.cfg.poll.saturating_mul(10));
-        let look = outbox::horizon_holders(&db.client, min_ms);
-        let d = self.cfg.statement_deadline;
-        let Some(holders) = best_effort(d, "the look at pg_stat_activity", look).await? else {
-            return Ok(());
-        };
-        for holder in holders {
-            // Once per backend (a pid is reused only after that backend ended).
-            if self.horizon_warned.contains(&holder.pid) {
-                continue;
-            }
-            if self.horizon_warned.len() >= 1000 {
-                self.horizon_warned.clear();
-            }
-            self.horizon_warned.push(holder.pid);
-            warn!(
-                "a snapshot {} transactions old holds back the xmin horizon: {}; VACUUM cannot remove the {deleted} events this relay deleted meanwhile, and claims slow down until it ends",
-                holder.xmin_age.unwrap_or(0),
-                describe(&holder)
-            );
-        }
-        Ok(())
-    }
-
     /// Evaluates the targets' health and opens or closes incidents, at most once per
     /// [`HEALTH_EVERY`]. An unavailable database is returned (the caller reconnects); any other
     /// failure — a role without the grants on `incidents`, say — is reported once and this relay
@@ -968,43 +621,6 @@ impl Relay {
                 Ok(())
             }
         }
-    }
-
-    /// Waits for a NOTIFY, the poll interval, the earliest retry falling due, or a signal.
-    async fn idle(&mut self, db: &mut Db, stop: &CancellationToken, nap: Duration) -> Result<()> {
-        let mut wait = nap;
-        let d = self.cfg.statement_deadline;
-        let retry = outbox::next_retry_in(&db.client, &db.schema);
-        match best_effort(d, "the look for retries", retry).await? {
-            Some(Some(due)) => wait = wait.min(due.max(Duration::from_millis(10))),
-            Some(None) => {}
-            // The next claim reports (and recovers from) a lost connection.
-            None => return Ok(()),
-        }
-        self.refresh_backlog(db).await?;
-        if let Some(due) = self.progress.backlog_due_in() {
-            wait = wait.min(due.max(Duration::from_millis(10)));
-        }
-        bounded(d, "the metrics' look at the outbox", async {
-            self.metrics.refresh(&db.client, &db.schema).await;
-            Ok::<_, anyhow::Error>(())
-        })
-        .await?;
-        if let Some(due) = self.metrics.refresh_due_in() {
-            wait = wait.min(due.max(Duration::from_millis(10)));
-        }
-        tokio::select! {
-            n = db.notifications.recv() => {
-                if n.is_none() {
-                    // The connection is gone: let the next claim notice and reconnect, but not
-                    // in a tight loop.
-                    tokio::time::sleep(OUTAGE_BASE.min(self.cfg.poll)).await;
-                }
-            }
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.cancelled() => {}
-        }
-        Ok(())
     }
 
     async fn listen(&mut self, db: &Db) -> Result<()> {
@@ -1068,57 +684,6 @@ impl Relay {
             }
         }
     }
-
-    /// Reads the backlog for the progress line, when it is due ([`Progress::refresh_backlog`]).
-    async fn refresh_backlog(&mut self, db: &Db) -> Result<()> {
-        let d = self.cfg.statement_deadline;
-        bounded(d, "the look at the backlog", async {
-            self.progress.refresh_backlog(&db.client, &db.schema).await;
-            Ok::<_, anyhow::Error>(())
-        })
-        .await
-    }
-
-    /// Vacuums the outbox after heavy draining so it and its indexes stay small. Best effort:
-    /// a role that may not vacuum the table leaves it to autovacuum. A VACUUM unanswered after
-    /// [`liveness::VACUUM_DEADLINE`] (a silent server, or a table too large to vacuum in that
-    /// time) loses the connection, and this relay leaves the table to autovacuum from then on.
-    async fn maybe_vacuum(&mut self, db: &Db, delivered: usize) -> Result<(), Lost> {
-        self.since_vacuum += delivered as u64;
-        if !self.vacuum || self.since_vacuum < VACUUM_EVERY {
-            return Ok(());
-        }
-        self.since_vacuum = 0;
-        let started = Instant::now();
-        let d = self.cfg.statement_deadline.max(liveness::VACUUM_DEADLINE);
-        let Ok(vacuumed) = tokio::time::timeout(d, outbox::vacuum(&db.client, &db.schema)).await
-        else {
-            self.vacuum = false;
-            return Err(Lost(format!(
-                "the database did not answer the outbox's VACUUM within {} (this relay leaves it to autovacuum from now on)",
-                fmt::duration(d)
-            )));
-        };
-        match vacuumed {
-            Ok(true) => info!(
-                "vacuumed the outbox in {}",
-                fmt::duration(started.elapsed())
-            ),
-            // Once per relay: the role stays what it is.
-            Ok(false) => {
-                say!("notice: this role may not VACUUM the outbox (it needs the table's ownership); leaving it to autovacuum");
-                self.vacuum = false;
-            }
-            Err(e) => {
-                info!(
-                    "cannot vacuum the outbox ({}); leaving it to autovacuum",
-                    db::reason(&e)
-                );
-                self.vacuum = false;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// A [`Lost`] connection as the exit it means (69), saying that nothing was lost; any other
@@ -1137,74 +702,5 @@ fn reason(e: &anyhow::Error) -> String {
     match e.downcast_ref::<tokio_postgres::Error>() {
         Some(pg) => db::reason(pg),
         None => fmt::one_line(&format!("{e:#}"), 300),
-    }
-}
-
-/// Whether claiming the next batch ahead pays, from how long the last batch's claim and
-/// publication took (`None`: no batch yet): only where publishing is the slower part.
-fn worth_claiming_ahead(took: Option<(Duration, Duration)>) -> bool {
-    took.is_none_or(|(claim, publish)| publish > claim)
-}
-
-/// Whether the claim after one that found `claimed` should look past its window
-/// ([`Relay::reach_now`]): it came back short, or found something there.
-fn reach_next(batch: i64, claimed: &[Claimed]) -> bool {
-    (claimed.len() as i64) < batch || claimed.iter().any(|c| c.reached)
-}
-
-/// After a claim that looked as far as `reach` (`windows` being what the relay had asked of
-/// looks past the window so far): whether the next claim should look past the window, and how
-/// much the next look takes in — twice as much after a look that still left the batch short,
-/// one window again after a full batch (see `Relay::reach_now`).
-fn reach_after(batch: i64, reach: Reach, windows: u32, claimed: &[Claimed]) -> (bool, u32) {
-    let windows = match reach {
-        Reach::Windows(n) if (claimed.len() as i64) < batch => {
-            n.saturating_mul(2).min(outbox::REACH_FACTOR)
-        }
-        Reach::Windows(_) => 1,
-        Reach::None => windows,
-    };
-    (reach_next(batch, claimed), windows)
-}
-
-/// A backend for a warning: `backend 1234 (application "psql", idle in transaction, transaction
-/// open 5m 3s)`.
-pub fn describe(h: &Holder) -> String {
-    let mut parts = Vec::new();
-    if let Some(app) = h.application_name.as_deref().filter(|a| !a.is_empty()) {
-        parts.push(format!("application \"{}\"", fmt::one_line(app, 60)));
-    }
-    if let Some(state) = &h.state {
-        parts.push(state.clone());
-    }
-    if let Some(ms) = h.xact_ms {
-        parts.push(format!(
-            "transaction open {}",
-            fmt::duration(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
-        ));
-    }
-    let who = match (&h.pid, &h.gid) {
-        (Some(pid), _) => format!("backend pid {pid}"),
-        (None, Some(gid)) => format!("prepared transaction \"{}\"", fmt::one_line(gid, 60)),
-        (None, None) => "a backend of another role".to_owned(),
-    };
-    if parts.is_empty() {
-        who
-    } else {
-        format!("{who} ({})", parts.join(", "))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claiming_ahead_pays_only_where_publishing_is_slower_than_claiming() {
-        let ms = Duration::from_millis;
-        assert!(worth_claiming_ahead(None), "the first batch tries");
-        assert!(worth_claiming_ahead(Some((ms(8), ms(60)))), "a broker");
-        assert!(!worth_claiming_ahead(Some((ms(8), ms(1)))), "stdout");
-        assert!(!worth_claiming_ahead(Some((ms(8), ms(8)))));
     }
 }

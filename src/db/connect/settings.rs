@@ -1,402 +1,25 @@
-//! Where the connection settings come from, and opening a connection.
-//!
-//! libpq's order, first match wins: the connection string (`--database-url` / `DATABASE_URL`, a
-//! URL or a `key=value` string), then the service it names (`service=` or `PGSERVICE`, see
-//! [`super::service`]), then `PGHOST`, `PGPORT` (both may be lists), `PGUSER`, `PGPASSWORD`,
-//! `PGDATABASE`, `PGTARGETSESSIONATTRS`, `PGSSLMODE`, `PGCONNECT_TIMEOUT`, `PGSSLCERT`, `PGSSLKEY`, `PGSSLROOTCERT`, then the local
-//! socket as the current OS user — what `psql` with no arguments reaches. Without a password,
-//! the password file is consulted per host ([`super::pgpass`]). TLS is set up by [`super::tls`].
-//!
-//! `open` tries the hosts itself, one at a time, each under `connect_timeout` for everything
-//! up to a ready session (TCP, TLS, startup, authentication): tokio-postgres' own timeout
-//! covers only the TCP connect, so a server that accepts and never answers would otherwise hang
-//! a command for minutes. Also here: how a tokio-postgres error reads in one line, and whether
-//! it means "unreachable" (exit 69).
+//! Resolving the connection settings, in libpq's order (the connect module's documentation): the connection
+//! string, the service it names, the libpq environment, the local socket as the OS user; the
+//! password file, read once when no password was given; TLS files.
 
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use tokio::sync::mpsc;
-use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode, TargetSessionAttrs};
-use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, Notification};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
+use tokio_postgres::Config;
 
-use super::pgpass::{self, PassFile};
-use super::{conninfo, service, tls};
+use super::hosts::{targets, DEFAULT_SOCKET_DIRS};
+use super::Settings;
+use crate::db::{conninfo, pgpass, service, tls};
 use crate::error::Failure;
 
 /// How long connecting to one host may take, when nothing says otherwise.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// libpq's floor for `connect_timeout`: a value of 1 means 2.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Server-side limit on every statement, so a stuck lock cannot hold a statement past the
-/// client's own deadline. Sent as a startup option (`-c statement_timeout=…`), which costs no
-/// round trip and is the session's own state; a pooler that refuses startup options gets none
-/// (see [`super::session`]).
-pub const STATEMENT_TIMEOUT: &str = "30s";
-/// Socket directories tried when nothing names a host: Debian's, then the upstream default.
-const DEFAULT_SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
-
-/// One host to try: a host name or socket directory, its address if `hostaddr` gave one, and
-/// its port.
-#[derive(Clone, Debug)]
-struct Target {
-    host: Host,
-    hostaddr: Option<IpAddr>,
-    port: u16,
-}
-
-impl Target {
-    /// `host:port`, or the socket's path, for messages.
-    fn label(&self) -> String {
-        match &self.host {
-            Host::Tcp(name) if name.contains(':') => format!("[{name}]:{}", self.port),
-            Host::Tcp(name) => format!("{name}:{}", self.port),
-            Host::Unix(dir) => format!("{}/.s.PGSQL.{}", dir.display(), self.port),
-        }
-    }
-
-    /// The host name the password file is matched on: libpq's `localhost` for the default
-    /// socket directories.
-    fn pgpass_host(&self) -> String {
-        match &self.host {
-            Host::Tcp(name) => name.clone(),
-            Host::Unix(dir) if DEFAULT_SOCKET_DIRS.iter().any(|d| dir == Path::new(d)) => {
-                "localhost".into()
-            }
-            Host::Unix(dir) => dir.display().to_string(),
-        }
-    }
-}
-
-/// Checked connection settings: what every attempt shares, the hosts to try, and what TLS and
-/// the messages need.
-#[derive(Clone)]
-pub struct Settings {
-    /// Everything but the hosts: an attempt clones it and adds one [`Target`].
-    base: Config,
-    targets: Vec<Target>,
-    connect_timeout: Duration,
-    verify_tls: bool,
-    tls_files: tls::Files,
-    /// The password file, read once, when no password was given.
-    passfile: Option<Arc<PassFile>>,
-}
-
-impl Settings {
-    /// Builds the settings from `--database-url`/`DATABASE_URL` (if given), the service file
-    /// it names and the libpq environment. Never includes the password in an error.
-    pub fn new(url: Option<&str>) -> Result<Settings> {
-        Self::from_env(url, |k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-    }
-
-    fn from_env(url: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Result<Settings> {
-        let invalid =
-            |e: String| Failure::Usage(format!("invalid --database-url / DATABASE_URL: {e}"));
-        let split = conninfo::split(url.unwrap_or("")).map_err(invalid)?;
-        let mut own = split.own.clone();
-        let mut config = if split.rest.trim().is_empty() {
-            Config::new()
-        } else {
-            // The parse error never echoes the string, so no password can leak here.
-            split
-                .rest
-                .parse::<Config>()
-                .map_err(|e| invalid(e.to_string()))?
-        };
-        let home = env("HOME").map(PathBuf::from).or_else(os_home);
-
-        if let Some(name) = own.get("service").cloned().or_else(|| env("PGSERVICE")) {
-            let pairs = service::find(&name, &env, home.as_deref()).map_err(Failure::Usage)?;
-            fill_from_service(&mut config, &mut own, &split, &name, pairs)?;
-        }
-        fill_from_env(&mut config, &env)?;
-        if !split.sets("target_session_attrs") {
-            session_attrs_from_env(&mut config, &env)?;
-        }
-
-        let (mode, verify_tls) = match own.get("sslmode").cloned().or_else(|| env("PGSSLMODE")) {
-            Some(m) => tls::parse_sslmode(&m)?,
-            None => (SslMode::Prefer, false),
-        };
-        config.ssl_mode(mode);
-        let connect_timeout = config
-            .get_connect_timeout()
-            .copied()
-            .or_else(|| {
-                env("PGCONNECT_TIMEOUT")
-                    .and_then(|s| s.trim().parse::<u64>().ok())
-                    .filter(|&s| s > 0)
-                    .map(Duration::from_secs)
-            })
-            .unwrap_or(CONNECT_TIMEOUT)
-            .clamp(MIN_CONNECT_TIMEOUT, crate::model::time::MAX_DURATION);
-        config.connect_timeout(connect_timeout);
-        if config.get_application_name().is_none() {
-            config.application_name("leasectl");
-        }
-        // Find a dead peer within ~30s even while idle between heartbeats.
-        config
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(15));
-
-        let passfile = match config.get_password() {
-            Some(_) => None,
-            None => {
-                let path = own
-                    .get("passfile")
-                    .cloned()
-                    .or_else(|| env("PGPASSFILE"))
-                    .map(PathBuf::from)
-                    .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
-                match path.map(|p| pgpass::read(&p)) {
-                    Some(Ok(file)) => file.map(Arc::new),
-                    Some(Err(warning)) => {
-                        crate::warn!("{warning}");
-                        None
-                    }
-                    None => None,
-                }
-            }
-        };
-        let tls_files = tls::Files::resolve(
-            |key, var| own.get(key).cloned().or_else(|| env(var)),
-            home.as_deref(),
-        );
-        Ok(Settings {
-            targets: targets(&config)?,
-            base: without_hosts(&config),
-            connect_timeout,
-            verify_tls,
-            tls_files,
-            passfile,
-        })
-    }
-
-    /// These settings plus the startup option that sets the session's `statement_timeout`
-    /// (appended to any `options` the connection string already has).
-    pub(super) fn with_statement_timeout(&self) -> Settings {
-        let mut s = self.clone();
-        let own = format!("-c statement_timeout={STATEMENT_TIMEOUT}");
-        let options = match self.base.get_options() {
-            Some(o) if !o.trim().is_empty() => format!("{o} {own}"),
-            _ => own,
-        };
-        s.base.options(&options);
-        s
-    }
-
-    /// A plain connection without migrations (for tools and tests that manage databases).
-    pub async fn open_client(&self) -> Result<Client> {
-        Ok(open(self).await?.0)
-    }
-
-    /// The longest connecting may take: every host given its full `connect_timeout`.
-    pub fn connect_budget(&self) -> Duration {
-        let hosts = u32::try_from(self.targets.len()).unwrap_or(u32::MAX);
-        self.connect_timeout.saturating_mul(hosts)
-    }
-
-    /// "host:port as user, database db" for messages — never the password.
-    pub fn describe(&self) -> String {
-        let hosts: Vec<String> = self.targets.iter().map(Target::label).collect();
-        format!("{} {}", hosts.join(", "), self.who())
-    }
-
-    /// `as user "u", database "d"`.
-    fn who(&self) -> String {
-        let user = self.base.get_user().unwrap_or("?");
-        let db = self.base.get_dbname().unwrap_or(user);
-        format!("as user \"{user}\", database \"{db}\"")
-    }
-
-    /// The hosts in the order they are tried (shuffled for `load_balance_hosts=random`).
-    fn order(&self) -> Vec<Target> {
-        let mut targets = self.targets.clone();
-        if self.base.get_load_balance_hosts() == LoadBalanceHosts::Random {
-            fastrand::shuffle(&mut targets);
-        }
-        targets
-    }
-
-    /// The single-host config of one attempt: never TLS over a Unix socket (libpq does not
-    /// even ask), and the password file's entry for this host when no password was given.
-    fn config_for(&self, target: &Target) -> Config {
-        let mut config = self.base.clone();
-        match &target.host {
-            Host::Tcp(name) => {
-                config.host(name);
-            }
-            Host::Unix(dir) => {
-                config.host_path(dir).ssl_mode(SslMode::Disable);
-            }
-        }
-        if let Some(addr) = target.hostaddr {
-            config.hostaddr(addr);
-        }
-        config.port(target.port);
-        if let Some(file) = &self.passfile {
-            let user = self.base.get_user().unwrap_or_default();
-            let host = target.pgpass_host();
-            let key = pgpass::Key {
-                host: &host,
-                port: target.port,
-                dbname: self.base.get_dbname().unwrap_or(user),
-                user,
-            };
-            if let Some(password) = file.lookup(&key) {
-                config.password(password);
-            }
-        }
-        config
-    }
-
-    /// The TLS connector, reading certificate files only if some host may use TLS.
-    fn connector(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect> {
-        let tls_possible = self.base.get_ssl_mode() != SslMode::Disable
-            && self.targets.iter().any(|t| matches!(t.host, Host::Tcp(_)));
-        if tls_possible {
-            tls::connector(self.verify_tls, &self.tls_files)
-        } else {
-            tls::connector(false, &tls::Files::default())
-        }
-    }
-
-    /// The one line saying why no host gave us a session. The first host that answered (a
-    /// server's error) leads, since it is the one that says what is wrong; the others follow
-    /// briefly.
-    fn failure(&self, tried: &[(Target, Attempt)]) -> String {
-        let what = |a: &Attempt| match a {
-            Attempt::Silent => format!("no answer within {}s", self.connect_timeout.as_secs()),
-            Attempt::Failed(e) => brief_reason(e),
-        };
-        let listed = |skip: Option<usize>| -> Vec<String> {
-            tried
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| Some(*i) != skip)
-                .map(|(_, (t, a))| format!("{}: {}", t.label(), what(a)))
-                .collect()
-        };
-        let who = self.who();
-        match (tried, tried.iter().position(|(_, a)| a.answered())) {
-            ([(t, a)], _) => format!(
-                "cannot connect to PostgreSQL at {} {who}: {}",
-                t.label(),
-                what(a)
-            ),
-            (_, Some(i)) => format!(
-                "cannot connect to PostgreSQL at {} {who}: {} (also tried {})",
-                tried[i].0.label(),
-                what(&tried[i].1),
-                listed(Some(i)).join(", ")
-            ),
-            (_, None) => format!(
-                "cannot connect to PostgreSQL {who}: {}",
-                listed(None).join("; ")
-            ),
-        }
-    }
-}
-
-/// How one host's attempt ended.
-enum Attempt {
-    /// Nothing within `connect_timeout`.
-    Silent,
-    Failed(tokio_postgres::Error),
-}
-
-impl Attempt {
-    /// The server itself answered with an error.
-    fn answered(&self) -> bool {
-        matches!(self, Attempt::Failed(e) if e.as_db_error().is_some())
-    }
-
-    /// The server refused *us* (authentication, role, database): another host of the same
-    /// cluster would say the same, so libpq stops here, and so do we.
-    fn ends_search(&self) -> bool {
-        match self {
-            Attempt::Failed(e) => e
-                .code()
-                .is_some_and(|c| c.code().starts_with("28") || *c == SqlState::UNDEFINED_DATABASE),
-            Attempt::Silent => false,
-        }
-    }
-}
-
-/// Opens one connection; its socket I/O runs as a task of its own (see [`super::notify`]).
-///
-/// The one place a connection is opened. Hosts are tried in turn, each with its own
-/// single-host tokio-postgres config under the full `connect_timeout` (DNS, TCP, TLS, startup,
-/// authentication and the `target_session_attrs` check, which tokio-postgres makes).
-pub(super) async fn open(
-    settings: &Settings,
-) -> Result<(
-    Client,
-    (
-        mpsc::UnboundedReceiver<Notification>,
-        tokio::task::AbortHandle,
-    ),
-)> {
-    let tls = settings.connector()?;
-    let mut tried = Vec::new();
-    for target in settings.order() {
-        let config = settings.config_for(&target);
-        let attempt =
-            match tokio::time::timeout(settings.connect_timeout, config.connect(tls.clone())).await
-            {
-                Ok(Ok((client, connection))) => {
-                    return Ok((client, super::notify::drive(connection)))
-                }
-                Ok(Err(e)) => Attempt::Failed(e),
-                Err(_) => Attempt::Silent,
-            };
-        let stop = attempt.ends_search();
-        tried.push((target, attempt));
-        if stop {
-            return Err(Failure::Refused(settings.failure(&tried)).into());
-        }
-    }
-    Err(Failure::Unavailable(settings.failure(&tried)).into())
-}
-
-/// The hosts to try, from the hosts, `hostaddr`s and ports of `config`.
-fn targets(config: &Config) -> Result<Vec<Target>> {
-    let (hosts, addrs, ports) = (
-        config.get_hosts(),
-        config.get_hostaddrs(),
-        config.get_ports(),
-    );
-    let n = hosts.len().max(addrs.len());
-    if !hosts.is_empty() && !addrs.is_empty() && hosts.len() != addrs.len() {
-        return Err(Failure::Usage(format!(
-            "{} hosts but {} hostaddrs: give one address per host",
-            hosts.len(),
-            addrs.len()
-        ))
-        .into());
-    }
-    if ports.len() > 1 && ports.len() != n {
-        return Err(Failure::Usage(format!(
-            "{} ports for {n} hosts: give one port, or one per host",
-            ports.len()
-        ))
-        .into());
-    }
-    Ok((0..n)
-        .map(|i| Target {
-            host: hosts
-                .get(i)
-                .cloned()
-                .unwrap_or_else(|| Host::Tcp(addrs[i].to_string())),
-            hostaddr: addrs.get(i).copied(),
-            port: ports.get(i).or(ports.first()).copied().unwrap_or(5432),
-        })
-        .collect())
-}
 
 /// A copy of `c` without hosts, addresses and ports.
 fn without_hosts(c: &Config) -> Config {
@@ -648,85 +271,101 @@ fn os_home() -> Option<PathBuf> {
         .map(|u| u.dir)
 }
 
-/// One attempt's failure in a few words: the server's message, or the innermost cause
-/// ("Connection refused"), without the wrapper's "error connecting to server".
-fn brief_reason(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return db.message().to_owned();
+impl Settings {
+    /// Builds the settings from `--database-url`/`DATABASE_URL` (if given), the service file
+    /// it names and the libpq environment. Never includes the password in an error.
+    pub fn new(url: Option<&str>) -> Result<Settings> {
+        Self::from_env(url, |k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
-    let mut inner = None;
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        inner = Some(s.to_string());
-        source = s.source();
-    }
-    let top = e.to_string();
-    let Some(inner) = inner else {
-        return top;
-    };
-    let inner = match inner.find(" (os error ") {
-        Some(i) => inner[..i].to_owned(),
-        None => inner,
-    };
-    if top == "error connecting to server" || top == "error communicating with the server" {
-        inner
-    } else {
-        format!("{top}: {inner}")
-    }
-}
 
-/// The most useful one-line reason inside a tokio-postgres error.
-pub fn reason(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return db.message().to_owned();
-    }
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg = format!("{msg}: {s}");
-        source = s.source();
-    }
-    msg
-}
+    fn from_env(url: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+        let invalid =
+            |e: String| Failure::Usage(format!("invalid --database-url / DATABASE_URL: {e}"));
+        let split = conninfo::split(url.unwrap_or("")).map_err(invalid)?;
+        let mut own = split.own.clone();
+        let mut config = if split.rest.trim().is_empty() {
+            Config::new()
+        } else {
+            // The parse error never echoes the string, so no password can leak here.
+            split
+                .rest
+                .parse::<Config>()
+                .map_err(|e| invalid(e.to_string()))?
+        };
+        let home = env("HOME").map(PathBuf::from).or_else(os_home);
 
-/// True when an error means "the database is unreachable or refused us" (exit 69) rather than
-/// a bug or bad data (exit 70).
-pub fn is_unavailable(e: &tokio_postgres::Error) -> bool {
-    if let Some(code) = e.code() {
-        let c = code.code();
-        return c.starts_with("08") // connection exception
-            || c.starts_with("28") // invalid authorization
-            || c.starts_with("53") // insufficient resources (too many connections, disk full)
-            || c.starts_with("57") // operator intervention: shutdown, statement timeout
-            || *code == SqlState::UNDEFINED_DATABASE
-            // The server ended the session for sitting idle in a transaction (a relay paused
-            // past the timeout): its answer to the next statement is this error, and then the
-            // connection is closed — lost like any other.
-            || *code == SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT
-            // A write refused as read-only: the server is a standby now (a demoted primary
-            // after a failover). A fresh connection finds the primary, through
-            // `target_session_attrs`, within the caller's usual deadline.
-            || *code == SqlState::READ_ONLY_SQL_TRANSACTION;
-    }
-    if e.is_closed() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.is::<std::io::Error>() {
-            return true;
+        if let Some(name) = own.get("service").cloned().or_else(|| env("PGSERVICE")) {
+            let pairs = service::find(&name, &env, home.as_deref()).map_err(Failure::Usage)?;
+            fill_from_service(&mut config, &mut own, &split, &name, pairs)?;
         }
-        source = s.source();
+        fill_from_env(&mut config, &env)?;
+        if !split.sets("target_session_attrs") {
+            session_attrs_from_env(&mut config, &env)?;
+        }
+
+        let (mode, verify_tls) = match own.get("sslmode").cloned().or_else(|| env("PGSSLMODE")) {
+            Some(m) => tls::parse_sslmode(&m)?,
+            None => (SslMode::Prefer, false),
+        };
+        config.ssl_mode(mode);
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .or_else(|| {
+                env("PGCONNECT_TIMEOUT")
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    .filter(|&s| s > 0)
+                    .map(Duration::from_secs)
+            })
+            .unwrap_or(CONNECT_TIMEOUT)
+            .clamp(MIN_CONNECT_TIMEOUT, crate::model::time::MAX_DURATION);
+        config.connect_timeout(connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("leasectl");
+        }
+        // Find a dead peer within ~30s even while idle between heartbeats.
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(15));
+
+        let passfile = match config.get_password() {
+            Some(_) => None,
+            None => {
+                let path = own
+                    .get("passfile")
+                    .cloned()
+                    .or_else(|| env("PGPASSFILE"))
+                    .map(PathBuf::from)
+                    .or_else(|| home.as_ref().map(|h| h.join(".pgpass")));
+                match path.map(|p| pgpass::read(&p)) {
+                    Some(Ok(file)) => file.map(Arc::new),
+                    Some(Err(warning)) => {
+                        crate::warn!("{warning}");
+                        None
+                    }
+                    None => None,
+                }
+            }
+        };
+        let tls_files = tls::Files::resolve(
+            |key, var| own.get(key).cloned().or_else(|| env(var)),
+            home.as_deref(),
+        );
+        Ok(Settings {
+            targets: targets(&config)?,
+            base: without_hosts(&config),
+            connect_timeout,
+            verify_tls,
+            tls_files,
+            passfile,
+        })
     }
-    let text = e.to_string();
-    text.starts_with("error connecting")
-        || text.starts_with("timeout")
-        || text.starts_with("error communicating")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::db::connect::hosts::{Attempt, Target};
 
     /// An environment of `pairs`, with a HOME where no ~/.pgpass or service file exists.
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
