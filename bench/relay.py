@@ -182,7 +182,8 @@ def claim_script(schema):
     # The order's placeholders (Order::claim_sql), as `--order insert` fills them: the floor is
     # the insert-order claim, the reference for both orders.
     sql = (
-        sql.replace("{eligible}", "")
+        sql.replace("{up_to}", "o.seq <= $3")
+        .replace("{eligible}", "")
         .replace("{past}", "o.seq > (SELECT coalesce(max(seq), 0) FROM win1)")
         .replace("{firsts:win1}", "SELECT min(seq) AS seq FROM win1 GROUP BY aggregate_type, aggregate_id")
         .replace("{firsts:win2}", "SELECT min(seq) AS seq FROM win2 GROUP BY aggregate_type, aggregate_id")
