@@ -1,6 +1,7 @@
 //! `leasectl --version` names the commit, and the man pages in `man/` are generated from the
 //! clap definitions (plus the exit-code table and the environment, below) and kept identical to
-//! them: a CLI change without regenerating fails here, the way `completions/` does.
+//! them: a CLI change without regenerating fails here, the way `completions/` does. So is the
+//! markdown reference in `docs/reference/`, each command's `--help`.
 //!
 //! The pages are rendered here rather than by the binary, so clap_mangen stays a dev-dependency
 //! and out of the shipped binary. To regenerate:
@@ -17,7 +18,7 @@ use roff::{bold, roman, Roff};
 use crate::common::bin;
 
 const UPDATE_HINT: &str =
-    "run `LEASECTL_UPDATE_MAN=1 cargo nextest run --test it manpages` to update man/";
+    "run `LEASECTL_UPDATE_MAN=1 cargo nextest run --test it manpages` to update man/ and docs/reference/";
 
 /// The exit codes that are not leasectl's own: the command's, success, and "not found".
 const EXIT_CODES: &[(&str, &str)] = &[
@@ -389,5 +390,94 @@ fn version_names_the_commit() {
     assert!(
         line == clean || line == dirty,
         "--version printed {line:?}, expected {clean:?} (or with \", dirty\")"
+    );
+}
+
+/// The command reference in markdown, beside the man pages and from the same definitions:
+/// `docs/reference/<page>.md` holds each command's `--help` as the binary prints it (wrapped
+/// at 100 columns), and `docs/reference/README.md` lists them. Regenerated with the man pages.
+fn reference() -> BTreeMap<String, String> {
+    let mut root = leasectl::cli::Cli::command()
+        .version(env!("CARGO_PKG_VERSION"))
+        .disable_help_subcommand(true)
+        .term_width(100)
+        .max_term_width(100);
+    root.build();
+    fn walk(cmd: &clap::Command, out: &mut Vec<clap::Command>) {
+        out.push(cmd.clone());
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            walk(sub, out);
+        }
+    }
+    let mut commands = Vec::new();
+    walk(&root, &mut commands);
+    let mut pages = BTreeMap::new();
+    let mut index = String::from(
+        "# Command reference\n\nEach command's `--help`, generated from the same definitions as \
+         the man pages in [man/](../../man/) (`man leasectl-run` once they are installed). The \
+         user guide ([docs/guide/](../guide/)) explains when to use what.\n\n",
+    );
+    for mut cmd in commands {
+        let page = cmd.get_display_name().unwrap_or(cmd.get_name()).to_owned();
+        let title = page.replace('-', " ");
+        let about = cmd.get_about().map(ToString::to_string).unwrap_or_default();
+        let help = cmd.render_long_help().to_string();
+        let help: String = help
+            .lines()
+            .map(|l| format!("{}\n", l.trim_end()))
+            .collect();
+        index.push_str(&format!("- [`{title}`]({page}.md): {about}\n"));
+        pages.insert(
+            format!("{page}.md"),
+            format!("# {title}\n\n```text\n{}```\n", help),
+        );
+    }
+    pages.insert("README.md".into(), index);
+    pages
+}
+
+fn reference_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference")
+}
+
+#[test]
+fn the_markdown_reference_matches_the_cli() {
+    let generated = reference();
+    let existing: BTreeMap<String, String> = std::fs::read_dir(reference_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| {
+            let text = std::fs::read_to_string(reference_dir().join(&n)).unwrap();
+            (n, text)
+        })
+        .collect();
+    if std::env::var_os("LEASECTL_UPDATE_MAN").is_some() {
+        std::fs::create_dir_all(reference_dir()).unwrap();
+        for stale in existing.keys().filter(|k| !generated.contains_key(*k)) {
+            std::fs::remove_file(reference_dir().join(stale)).unwrap();
+        }
+        for (name, text) in &generated {
+            std::fs::write(reference_dir().join(name), text).unwrap();
+        }
+        return;
+    }
+    assert_eq!(
+        existing.keys().collect::<Vec<_>>(),
+        generated.keys().collect::<Vec<_>>(),
+        "docs/reference/ is not one page per command; {UPDATE_HINT}"
+    );
+    for (name, text) in &generated {
+        assert!(
+            existing[name] == *text,
+            "docs/reference/{name} differs from the CLI; {UPDATE_HINT}"
+        );
+    }
+    assert!(
+        generated["leasectl-run.md"].contains("Usage: leasectl run [OPTIONS]"),
+        "{}",
+        generated["leasectl-run.md"]
     );
 }
