@@ -526,36 +526,9 @@ fn help_line_prefix<'a>(help: &'a str, line: &str) -> &'a str {
 /// The line as a shell expands it with only LEASECTL_* variables set: `${V:-x}` is x, `$V`
 /// and `${V}` are empty.
 fn expand_unset(line: &str) -> String {
-    let mut out = String::new();
-    let mut rest = line;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at + 1..];
-        let (name, default, len) = if let Some(body) = rest.strip_prefix('{') {
-            let close = body.find('}').unwrap();
-            let inner = &body[..close];
-            match inner.split_once(":-") {
-                Some((n, d)) => (n, Some(d), close + 2),
-                None => (inner, None, close + 2),
-            }
-        } else {
-            let len = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            if len == 0 {
-                out.push('$');
-                continue;
-            }
-            (&rest[..len], None, len)
-        };
-        let value = match name {
-            "LEASECTL_TOKEN" => "0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11",
-            n if n.starts_with("LEASECTL_") => "x",
-            _ => default.unwrap_or(""),
-        };
-        out.push_str(value);
-        rest = &rest[len..];
-    }
-    out.push_str(rest);
-    out
+    expand_vars(line, |name, default| match name {
+        "LEASECTL_TOKEN" => "0b6c5c2e-4f7e-4a8f-9d47-2a1f0e4c9b11",
+        n if n.starts_with("LEASECTL_") => "x",
+        _ => default.unwrap_or(""),
+    })
 }

@@ -581,3 +581,38 @@ impl Drop for Stopped {
         self.resume();
     }
 }
+
+/// `line` with its shell variables (`$V`, `${V}`, `${V:-default}`) replaced by what `value`
+/// gives for each name and default; a `$` followed by no name stays.
+pub fn expand_vars<'a>(
+    line: &'a str,
+    value: impl Fn(&'a str, Option<&'a str>) -> &'a str,
+) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + 1..];
+        let (name, default, len) = if let Some(body) = rest.strip_prefix('{') {
+            let close = body.find('}').expect("an unclosed ${");
+            let inner = &body[..close];
+            match inner.split_once(":-") {
+                Some((n, d)) => (n, Some(d), close + 2),
+                None => (inner, None, close + 2),
+            }
+        } else {
+            let len = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if len == 0 {
+                out.push('$');
+                continue;
+            }
+            (&rest[..len], None, len)
+        };
+        out.push_str(value(name, default));
+        rest = &rest[len..];
+    }
+    out.push_str(rest);
+    out
+}

@@ -9,6 +9,7 @@
 //! `$(…)`, or after `|`, `&&`, `||` or `;`. Blocks marked ```text hold output and synopses, not
 //! commands, and are left out.
 
+use crate::common::expand_vars;
 use std::path::{Path, PathBuf};
 
 /// A placeholder id in the documentation (`6f1c2a9e-…`) stands for a real one.
@@ -106,37 +107,11 @@ fn is_name(s: &str) -> bool {
 /// The line as a shell would see it with the documentation's variables set: `${V:-x}` is x,
 /// `$LEASECTL_TOKEN` a token, any other `$V` a word (a CI system's or the user's value).
 fn expand(line: &str) -> String {
-    let mut out = String::new();
-    let mut rest = line;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        rest = &rest[at + 1..];
-        let (name, default, len) = if let Some(body) = rest.strip_prefix('{') {
-            let close = body.find('}').expect("an unclosed ${");
-            let inner = &body[..close];
-            match inner.split_once(":-") {
-                Some((n, d)) => (n, Some(d), close + 2),
-                None => (inner, None, close + 2),
-            }
-        } else {
-            let len = rest
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(rest.len());
-            if len == 0 {
-                out.push('$');
-                continue;
-            }
-            (&rest[..len], None, len)
-        };
-        out.push_str(match (name, default) {
-            ("LEASECTL_TOKEN", _) => SOME_UUID,
-            (_, Some(d)) => d,
-            _ => "value",
-        });
-        rest = &rest[len..];
-    }
-    out.push_str(rest);
-    out
+    expand_vars(line, |name, default| match (name, default) {
+        ("LEASECTL_TOKEN", _) => SOME_UUID,
+        (_, Some(d)) => d,
+        _ => "value",
+    })
 }
 
 /// One documented command: where it is, and its words up to the first shell operator.
