@@ -57,6 +57,10 @@
 //!   counts as returned when its `message_id` (= the event id) is among the returns collected.
 //!   A channel is reused only after a group whose confirms all resolved; one that timed out or
 //!   failed is closed, so a late confirm or return is never read by the next group.
+//! * **Frames of 16 KiB** unless the URL asks for others (`?frame_max=`): lapin keeps 32 frames
+//!   of buffer each way, resident for the connection's life ([`FRAME_MAX`]). A message's
+//!   properties travel in one frame; one whose properties do not fit is refused
+//!   ([`header_fits`]) rather than sent, which would make the broker close the connection.
 //! * **A refusal that closes the channel** (PRECONDITION_FAILED, e.g. a message larger than the
 //!   broker's `max_message_size`) fails every unconfirmed publish of the group alike, without
 //!   saying which message caused it; those events are published again one per channel, so only
@@ -72,6 +76,7 @@
 //! | message returned as unroutable (no queue bound for its routing key) | `Rejected`, although the broker acks it after returning it |
 //! | no confirm within `--timeout` | `NoAnswer` (the event's refusal if the broker confirmed others meanwhile) — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
+//! | message properties larger than one frame (`?frame_max=`, 16 KiB unless the URL says) | `Rejected` |
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -102,6 +107,26 @@ pub fn default_exchange(database: &str, schema: &str) -> String {
 
 /// How many idle channels a connection keeps for reuse (the relay's parallelism for brokers).
 const MAX_IDLE_CHANNELS: usize = 64;
+
+/// The largest frame the relay asks the broker for when the URL does not say (`?frame_max=`).
+/// lapin keeps a send and a receive buffer of 32 frames each, zero-filled once the connection
+/// is tuned: at RabbitMQ's default of 128 KiB that is 8 MiB resident for as long as the relay
+/// runs, a quarter of its memory, for messages of a few hundred bytes. At 16 KiB the two take
+/// 1 MiB. A larger body is split into more frames (at no cost worth measuring: lapin copies
+/// every body into its frames anyway); a message's properties cannot be, see [`header_fits`].
+const FRAME_MAX: u32 = 16 * 1024;
+
+/// Whether a message whose properties take `len` bytes (as [`properties`] counts them) can be
+/// published on a connection whose frames are at most `frame_max` bytes. The properties travel
+/// in one content header frame, which cannot be split: 7 bytes of frame header, 12 of class,
+/// weight and body size, the properties, and the frame-end byte. A larger frame makes the broker
+/// close the whole connection (FRAME_ERROR): every delivery of the batch would fail as
+/// unavailable and the event would hold up the relay for ever, so it is refused instead (an
+/// attempt, like any event the broker refuses) — an `aggregate_id` of many kilobytes with
+/// `?properties=full` or `--format cloudevents` is the one way to get there.
+fn header_fits(len: usize, frame_max: u32) -> bool {
+    7 + 12 + len + 1 <= frame_max as usize
+}
 
 /// Which message properties are published (`?properties=compact|full`, default `compact`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +225,9 @@ impl Spec {
         // every other client takes it as the default vhost.
         if uri.vhost.is_empty() {
             uri.vhost = "/".to_owned();
+        }
+        if uri.query.frame_max.is_none() {
+            uri.query.frame_max = Some(FRAME_MAX);
         }
         if exchange.is_empty() || exchange.len() > 255 || exchange.chars().any(char::is_control) {
             return Err(format!(
@@ -385,6 +413,8 @@ struct Waiting {
     id: String,
     body: Vec<u8>,
     properties: BasicProperties,
+    /// The size of `properties` once encoded: whether they fit in one frame ([`header_fits`]).
+    properties_len: usize,
     /// Its batch's gate, looked at just before the message is published.
     gate: Gate,
     verdict: oneshot::Sender<Result<(), DeliveryError>>,
@@ -430,15 +460,13 @@ impl Amqp {
             ))
         })?;
         let (tx, rx) = oneshot::channel();
+        let (properties, properties_len) =
+            properties(event, &routing_key, &self.opts.format, self.spec.properties);
         let leader = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
             forming.push(Waiting {
-                properties: properties(
-                    event,
-                    &routing_key,
-                    &self.opts.format,
-                    self.spec.properties,
-                ),
+                properties,
+                properties_len,
                 routing_key,
                 id: event.id.to_string(),
                 body: self.opts.format.body(event).into_bytes(),
@@ -479,6 +507,16 @@ impl Amqp {
             group.into_iter().partition(|w| w.gate.allows_now());
         for w in late {
             let _ = w.verdict.send(Err(DeliveryError::late()));
+        }
+        let frame_max = link.connection.configuration().frame_max();
+        let (group, too_large): (Vec<Waiting>, Vec<Waiting>) = group
+            .into_iter()
+            .partition(|w| header_fits(w.properties_len, frame_max));
+        for w in too_large {
+            let _ = w.verdict.send(Err(DeliveryError::Rejected(format!(
+                "its message properties take {} bytes, more than one frame of the connection's {frame_max} bytes holds: raise it with ?frame_max=BYTES in the sink URL (up to the broker's own frame_max, 128 KiB by default)",
+                w.properties_len
+            ))));
         }
         if group.is_empty() {
             return;
@@ -825,28 +863,38 @@ impl Link {
     }
 }
 
-/// The message properties of `event`'s publication.
+/// The message properties of `event`'s publication, and their size once encoded (see
+/// [`header_fits`]).
 fn properties(
     event: &Event,
     routing_key: &ShortString,
     format: &Format,
     set: Properties,
-) -> BasicProperties {
+) -> (BasicProperties, usize) {
+    // What each property takes on the wire: a short string its length and one byte, a table
+    // entry its name as a short string, a type byte and (a long string) 4 bytes and its value.
+    let short = |s: &str| 1 + s.len();
+    let entry = |name: &str, value: &str| short(name) + 1 + 4 + value.len();
     let mut headers = FieldTable::default();
+    let mut table_len = 0;
     for (name, value) in format.attributes(event) {
         // `datacontenttype` is the `content-type` property below.
         if name != "datacontenttype" {
-            headers.insert(
-                format!("cloudEvents:{name}").into(),
-                AMQPValue::LongString(LongString::from(value)),
-            );
+            let name = format!("cloudEvents:{name}");
+            table_len += entry(&name, &value);
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
     }
+    let message_id = event.id.to_string();
+    // The property flags (2 bytes), `content-type`, delivery mode (1 byte) and `message-id`.
+    let mut len = 2 + short("application/json") + 1 + short(&message_id);
     let mut props = BasicProperties::default()
-        .with_message_id(event.id.to_string().into())
+        .with_message_id(message_id.into())
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
     if set == Properties::Full {
+        table_len += entry("aggregate_type", &event.aggregate_type);
+        table_len += entry("aggregate_id", &event.aggregate_id);
         headers.insert(
             "aggregate_type".into(),
             AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),
@@ -855,15 +903,17 @@ fn properties(
             "aggregate_id".into(),
             AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
         );
+        len += short(routing_key.as_str()) + short("leasectl");
         props = props
             .with_type(routing_key.clone())
             .with_app_id("leasectl".into());
     }
     // An empty table is still encoded (4 bytes, and the broker decodes it): leave it out.
     if !headers.inner().is_empty() {
+        len += 4 + table_len;
         props = props.with_headers(headers);
     }
-    props
+    (props, len)
 }
 
 /// Whether a failed publication was the broker refusing *this message* by closing the channel
@@ -993,12 +1043,33 @@ mod tests {
         let short = event("order.paid", "123");
         for e in [&long, &short] {
             let key = ShortString::from(e.event_type.clone());
-            let compact = properties(e, &key, &Format::Json, Properties::Compact);
+            let (compact, len) = properties(e, &key, &Format::Json, Properties::Compact);
             assert_eq!(encoded_len(&compact), 57, "whatever the event");
+            assert_eq!(len, 57);
             // What the full set costs even a short event: past the line.
-            let full = properties(e, &key, &Format::Json, Properties::Full);
+            let (full, len) = properties(e, &key, &Format::Json, Properties::Full);
             assert!(encoded_len(&full) > 64, "{}", encoded_len(&full));
+            assert_eq!(len, encoded_len(&full));
+            let cloudevents = Format::CloudEvents {
+                source: "leasectl://app".into(),
+            };
+            for set in [Properties::Compact, Properties::Full] {
+                let (props, len) = properties(e, &key, &cloudevents, set);
+                assert_eq!(len, encoded_len(&props), "{set:?}");
+            }
         }
+    }
+
+    #[test]
+    fn frames_are_16_kib_unless_the_url_says_and_properties_must_fit_in_one() {
+        let s = Spec::parse("amqp://h/").unwrap();
+        assert_eq!(s.uri.query.frame_max, Some(16 * 1024));
+        let s = Spec::parse("amqp://h/?frame_max=131072").unwrap();
+        assert_eq!(s.uri.query.frame_max, Some(131072));
+        // A content header frame: 7 bytes of frame header, 12 of class, weight and body size,
+        // the properties and the frame-end byte.
+        assert!(header_fits(16 * 1024 - 20, 16 * 1024));
+        assert!(!header_fits(16 * 1024 - 19, 16 * 1024));
     }
 
     #[test]
