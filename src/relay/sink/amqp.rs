@@ -480,7 +480,10 @@ impl Amqp {
             tokio::task::yield_now().await;
             let group =
                 std::mem::take(&mut *self.forming.lock().unwrap_or_else(|e| e.into_inner()));
-            self.publish_group(group).await;
+            // Boxed, because only a group's leader runs it: inline, the state of a group's
+            // publication (a channel being opened, the publications' futures) would make every
+            // delivery's future that large, and a batch holds a thousand deliveries at once.
+            Box::pin(self.publish_group(group)).await;
         }
         rx.await.unwrap_or_else(|_| {
             // The leader was dropped mid-group (the relay is stopping): nothing is known.
