@@ -543,6 +543,54 @@ fn amqp_frames_of_16_kib_carry_large_bodies_and_refuse_properties_that_do_not_fi
     });
 }
 
+/// A group whose first delivery was dropped before it published the group (its batch
+/// abandoned mid-yield) is published by the next delivery to join, without the dropped one:
+/// else every later delivery would join the leaderless group and wait for ever.
+#[test]
+fn amqp_a_group_whose_leader_was_dropped_is_led_by_the_next_delivery() {
+    use futures_util::FutureExt;
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "order.*").await;
+        let sink = amqp_sink(&exchange);
+        let warm = event("warm", 0, "order.paid");
+        sink.deliver(&warm, &ALWAYS).await.unwrap();
+        // The first delivery starts a group and yields; then it is dropped.
+        let dropped = event("dropped", 0, "order.paid");
+        let mut leader = Box::pin(sink.deliver(&dropped, &ALWAYS));
+        assert!((&mut leader).now_or_never().is_none());
+        drop(leader);
+        let next = event("next", 0, "order.paid");
+        tokio::time::timeout(PATIENCE, sink.deliver(&next, &ALWAYS))
+            .await
+            .expect("the group of a dropped leader must still be published")
+            .unwrap();
+        let after = event("after", 0, "order.paid");
+        sink.deliver(&after, &ALWAYS).await.unwrap();
+
+        let mut ids = Vec::new();
+        while ids.len() < 3 {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a delivered event never reached the queue")
+                .unwrap()
+                .unwrap();
+            ids.push(d.properties.message_id().as_ref().unwrap().to_string());
+        }
+        // Nobody would learn the dropped delivery's verdict: its event is not published.
+        assert_eq!(
+            ids,
+            [
+                warm.id.to_string(),
+                next.id.to_string(),
+                after.id.to_string()
+            ]
+        );
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
 #[test]
 fn amqp_a_nack_is_rejected() {
     run(async {

@@ -42,11 +42,12 @@
 //!   per aggregate, up to [`super::Sink::parallelism`] at once) are gathered into a *group*: the
 //!   first delivery to arrive yields once so that the others of the same scheduling pass can
 //!   join, then publishes the whole group on one confirm-mode channel and waits for all of its
-//!   confirms together — a window of hundreds of publishes instead of one per channel. Within a
-//!   group there is at most one event per aggregate (the relay delivers an aggregate's events
-//!   one after another, each only once the previous was confirmed), so an aggregate's later
-//!   event is never published before its earlier one is confirmed: order at the consumer holds
-//!   even when an event is refused.
+//!   confirms together — a window of hundreds of publishes instead of one per channel. (Should
+//!   that first delivery be dropped before it publishes, the next one to join leads the group.)
+//!   Within a group there is at most one event per aggregate (the relay delivers an aggregate's
+//!   events one after another, each only once the previous was confirmed), so an aggregate's
+//!   later event is never published before its earlier one is confirmed: order at the consumer
+//!   holds even when an event is refused.
 //! * **Returns are mapped by message id, not by confirmation.** lapin hands a returned
 //!   (unroutable) message to the *next* confirmation it resolves on that channel — with a
 //!   `multiple` ack in hash-map order, and RabbitMQ may ack out of order — so the return found
@@ -390,7 +391,41 @@ pub struct Amqp {
     /// failed reports that failure instead of making another attempt.
     failures: AtomicU64,
     /// The group being formed: deliveries waiting for its leader to publish them.
-    forming: Mutex<Vec<Waiting>>,
+    forming: Mutex<Forming>,
+}
+
+/// The group being formed, and which one it is.
+#[derive(Default)]
+struct Forming {
+    group: Vec<Waiting>,
+    /// Counts the groups taken for publication: which group a leader leads.
+    taken: u64,
+    /// The group's leader was dropped before it took the group (its batch abandoned): the next
+    /// delivery to join leads it instead, or the group's members would wait for ever.
+    leaderless: bool,
+}
+
+impl Forming {
+    fn take(&mut self) -> Vec<Waiting> {
+        self.taken += 1;
+        self.leaderless = false;
+        std::mem::take(&mut self.group)
+    }
+}
+
+/// Marks the group leaderless if its leader is dropped before taking it.
+struct LeaderGuard<'a> {
+    forming: &'a Mutex<Forming>,
+    group: u64,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+        if forming.taken == self.group {
+            forming.leaderless = true;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -446,7 +481,7 @@ impl Amqp {
             opts,
             state: tokio::sync::Mutex::new(State::default()),
             failures: AtomicU64::new(0),
-            forming: Mutex::new(Vec::new()),
+            forming: Mutex::new(Forming::default()),
         }
     }
 
@@ -464,7 +499,7 @@ impl Amqp {
             properties(event, &routing_key, &self.opts.format, self.spec.properties);
         let leader = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
-            forming.push(Waiting {
+            forming.group.push(Waiting {
                 properties,
                 properties_len,
                 routing_key,
@@ -473,17 +508,29 @@ impl Amqp {
                 gate: gate.clone(),
                 verdict: tx,
             });
-            forming.len() == 1
+            // The first to join leads the group, or the next to join one whose leader is gone.
+            let leads = forming.group.len() == 1 || forming.leaderless;
+            forming.leaderless = false;
+            leads.then_some(forming.taken)
         };
-        if leader {
+        if let Some(group) = leader {
+            let guard = LeaderGuard {
+                forming: &self.forming,
+                group,
+            };
             // Let the deliveries of the same scheduling pass join this group first.
             tokio::task::yield_now().await;
-            let group =
-                std::mem::take(&mut *self.forming.lock().unwrap_or_else(|e| e.into_inner()));
+            let taken = {
+                let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+                (forming.taken == group).then(|| forming.take())
+            };
+            drop(guard);
             // Boxed, because only a group's leader runs it: inline, the state of a group's
             // publication (a channel being opened, the publications' futures) would make every
             // delivery's future that large, and a batch holds a thousand deliveries at once.
-            Box::pin(self.publish_group(group)).await;
+            if let Some(group) = taken {
+                Box::pin(self.publish_group(group)).await;
+            }
         }
         rx.await.unwrap_or_else(|_| {
             // The leader was dropped mid-group (the relay is stopping): nothing is known.
@@ -494,7 +541,13 @@ impl Amqp {
     }
 
     /// Publishes a group and sends each delivery its verdict.
-    async fn publish_group(&self, group: Vec<Waiting>) {
+    async fn publish_group(&self, mut group: Vec<Waiting>) {
+        // A delivery dropped meanwhile (its batch abandoned) is not published: nobody would
+        // learn its verdict, and its event stays in the outbox for a later batch.
+        group.retain(|w| !w.verdict.is_closed());
+        if group.is_empty() {
+            return;
+        }
         let link = match self.link().await {
             Ok(link) => link,
             Err(e) => {
