@@ -126,8 +126,11 @@ const FRAME_MAX: u32 = 16 * 1024;
 /// attempt, like any event the broker refuses) — an `aggregate_id` of many kilobytes with
 /// `?properties=full` or `--format cloudevents` is the one way to get there.
 fn header_fits(len: usize, frame_max: u32) -> bool {
-    7 + 12 + len + 1 <= frame_max as usize
+    len + HEADER_FRAME_OVERHEAD <= frame_max as usize
 }
+
+/// What a content header frame takes besides the properties (see [`header_fits`]).
+const HEADER_FRAME_OVERHEAD: usize = 7 + 12 + 1;
 
 /// Which message properties are published (`?properties=compact|full`, default `compact`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
