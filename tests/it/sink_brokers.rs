@@ -488,6 +488,109 @@ fn amqp_a_thousand_in_flight_each_judged_by_its_own_return() {
     });
 }
 
+/// The sink asks for 16 KiB frames (lapin keeps 32 frames' worth of buffer each way, resident
+/// for the relay's life): a body of many frames still arrives whole, and a message whose
+/// properties cannot fit in one frame is refused — on its own, charged like any refusal —
+/// instead of making the broker close the connection under the whole batch.
+#[test]
+fn amqp_frames_of_16_kib_carry_large_bodies_and_refuse_properties_that_do_not_fit() {
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "order.*").await;
+        let sink = |query: &str| {
+            let url = format!("{}?exchange={exchange}&properties=full{query}", amqp_url());
+            Amqp::new(amqp::Spec::parse(&url).unwrap(), opts())
+        };
+        let small_frames = sink("");
+        let mut large = event("large", 0, "order.paid");
+        large.payload = serde_json::json!({"pad": "y".repeat(200_000)}).to_string();
+        // With `?properties=full` its aggregate_id is a header: 20 kB, more than a frame holds.
+        let long_id = event(&"z".repeat(20_000), 1, "order.paid");
+        let plain = event("plain", 2, "order.paid");
+        let batch = [&large, &long_id, &plain];
+        let results = join_all(batch.iter().map(|e| small_frames.deliver(e, &ALWAYS))).await;
+        assert_eq!(results[0], Ok(()), "a 200 kB body over 16 KiB frames");
+        match &results[1] {
+            Err(DeliveryError::Rejected(m)) => {
+                assert!(m.contains("frame") && m.contains("?frame_max="), "{m}")
+            }
+            other => panic!("properties larger than a frame must be refused, got {other:?}"),
+        }
+        assert_eq!(results[2], Ok(()), "the rest of the group is unaffected");
+        // The connection survived: the same sink delivers again.
+        small_frames.deliver(&plain, &ALWAYS).await.unwrap();
+        // With larger frames asked for in the URL, the same event goes out.
+        sink("&frame_max=131072")
+            .deliver(&long_id, &ALWAYS)
+            .await
+            .unwrap();
+
+        let mut got = std::collections::HashMap::new();
+        while got.len() < 3 {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a delivered event never reached the queue")
+                .unwrap()
+                .unwrap();
+            let id = d.properties.message_id().as_ref().unwrap().to_string();
+            got.insert(id, d.data);
+        }
+        body_is_spec_object(&got[&large.id.to_string()], &large);
+        body_is_spec_object(&got[&long_id.id.to_string()], &long_id);
+        assert!(got.contains_key(&plain.id.to_string()));
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
+/// A group whose first delivery was dropped before it published the group (its batch
+/// abandoned mid-yield) is published by the next delivery to join, without the dropped one:
+/// else every later delivery would join the leaderless group and wait for ever.
+#[test]
+fn amqp_a_group_whose_leader_was_dropped_is_led_by_the_next_delivery() {
+    use futures_util::FutureExt;
+    run(async {
+        let exchange = unique("leasectl-test-");
+        let (_conn, channel) = rabbit().await;
+        let mut consumer = bound_consumer(&channel, &exchange, "order.*").await;
+        let sink = amqp_sink(&exchange);
+        let warm = event("warm", 0, "order.paid");
+        sink.deliver(&warm, &ALWAYS).await.unwrap();
+        // The first delivery starts a group and yields; then it is dropped.
+        let dropped = event("dropped", 0, "order.paid");
+        let mut leader = Box::pin(sink.deliver(&dropped, &ALWAYS));
+        assert!((&mut leader).now_or_never().is_none());
+        drop(leader);
+        let next = event("next", 0, "order.paid");
+        tokio::time::timeout(PATIENCE, sink.deliver(&next, &ALWAYS))
+            .await
+            .expect("the group of a dropped leader must still be published")
+            .unwrap();
+        let after = event("after", 0, "order.paid");
+        sink.deliver(&after, &ALWAYS).await.unwrap();
+
+        let mut ids = Vec::new();
+        while ids.len() < 3 {
+            let d = tokio::time::timeout(PATIENCE, consumer.next())
+                .await
+                .expect("a delivered event never reached the queue")
+                .unwrap()
+                .unwrap();
+            ids.push(d.properties.message_id().as_ref().unwrap().to_string());
+        }
+        // Nobody would learn the dropped delivery's verdict: its event is not published.
+        assert_eq!(
+            ids,
+            [
+                warm.id.to_string(),
+                next.id.to_string(),
+                after.id.to_string()
+            ]
+        );
+        delete_exchange(&channel, &exchange).await;
+    });
+}
+
 #[test]
 fn amqp_a_nack_is_rejected() {
     run(async {

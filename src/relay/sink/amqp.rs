@@ -42,11 +42,12 @@
 //!   per aggregate, up to [`super::Sink::parallelism`] at once) are gathered into a *group*: the
 //!   first delivery to arrive yields once so that the others of the same scheduling pass can
 //!   join, then publishes the whole group on one confirm-mode channel and waits for all of its
-//!   confirms together — a window of hundreds of publishes instead of one per channel. Within a
-//!   group there is at most one event per aggregate (the relay delivers an aggregate's events
-//!   one after another, each only once the previous was confirmed), so an aggregate's later
-//!   event is never published before its earlier one is confirmed: order at the consumer holds
-//!   even when an event is refused.
+//!   confirms together — a window of hundreds of publishes instead of one per channel. (Should
+//!   that first delivery be dropped before it publishes, the next one to join leads the group.)
+//!   Within a group there is at most one event per aggregate (the relay delivers an aggregate's
+//!   events one after another, each only once the previous was confirmed), so an aggregate's
+//!   later event is never published before its earlier one is confirmed: order at the consumer
+//!   holds even when an event is refused.
 //! * **Returns are mapped by message id, not by confirmation.** lapin hands a returned
 //!   (unroutable) message to the *next* confirmation it resolves on that channel — with a
 //!   `multiple` ack in hash-map order, and RabbitMQ may ack out of order — so the return found
@@ -57,6 +58,10 @@
 //!   counts as returned when its `message_id` (= the event id) is among the returns collected.
 //!   A channel is reused only after a group whose confirms all resolved; one that timed out or
 //!   failed is closed, so a late confirm or return is never read by the next group.
+//! * **Frames of 16 KiB** unless the URL asks for others (`?frame_max=`): lapin keeps 32 frames
+//!   of buffer each way, resident for the connection's life ([`FRAME_MAX`]). A message's
+//!   properties travel in one frame; one whose properties do not fit is refused
+//!   ([`header_fits`]) rather than sent, which would make the broker close the connection.
 //! * **A refusal that closes the channel** (PRECONDITION_FAILED, e.g. a message larger than the
 //!   broker's `max_message_size`) fails every unconfirmed publish of the group alike, without
 //!   saying which message caused it; those events are published again one per channel, so only
@@ -72,6 +77,7 @@
 //! | message returned as unroutable (no queue bound for its routing key) | `Rejected`, although the broker acks it after returning it |
 //! | no confirm within `--timeout` | `NoAnswer` (the event's refusal if the broker confirmed others meanwhile) — `Unavailable` if meanwhile the connection was lost or the broker is blocking publishers (resource alarm) |
 //! | event type longer than 255 bytes (an AMQP routing key's limit) | `Rejected` |
+//! | message properties larger than one frame (`?frame_max=`, 16 KiB unless the URL says) | `Rejected` |
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -102,6 +108,29 @@ pub fn default_exchange(database: &str, schema: &str) -> String {
 
 /// How many idle channels a connection keeps for reuse (the relay's parallelism for brokers).
 const MAX_IDLE_CHANNELS: usize = 64;
+
+/// The largest frame the relay asks the broker for when the URL does not say (`?frame_max=`).
+/// lapin keeps a send and a receive buffer of 32 frames each, zero-filled once the connection
+/// is tuned: at RabbitMQ's default of 128 KiB that is 8 MiB resident for as long as the relay
+/// runs, a quarter of its memory, for messages of a few hundred bytes. At 16 KiB the two take
+/// 1 MiB. A larger body is split into more frames (at no cost worth measuring: lapin copies
+/// every body into its frames anyway); a message's properties cannot be, see [`header_fits`].
+const FRAME_MAX: u32 = 16 * 1024;
+
+/// Whether a message whose properties take `len` bytes (as [`properties`] counts them) can be
+/// published on a connection whose frames are at most `frame_max` bytes. The properties travel
+/// in one content header frame, which cannot be split: 7 bytes of frame header, 12 of class,
+/// weight and body size, the properties, and the frame-end byte. A larger frame makes the broker
+/// close the whole connection (FRAME_ERROR): every delivery of the batch would fail as
+/// unavailable and the event would hold up the relay for ever, so it is refused instead (an
+/// attempt, like any event the broker refuses) — an `aggregate_id` of many kilobytes with
+/// `?properties=full` or `--format cloudevents` is the one way to get there.
+fn header_fits(len: usize, frame_max: u32) -> bool {
+    len + HEADER_FRAME_OVERHEAD <= frame_max as usize
+}
+
+/// What a content header frame takes besides the properties (see [`header_fits`]).
+const HEADER_FRAME_OVERHEAD: usize = 7 + 12 + 1;
 
 /// Which message properties are published (`?properties=compact|full`, default `compact`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +229,9 @@ impl Spec {
         // every other client takes it as the default vhost.
         if uri.vhost.is_empty() {
             uri.vhost = "/".to_owned();
+        }
+        if uri.query.frame_max.is_none() {
+            uri.query.frame_max = Some(FRAME_MAX);
         }
         if exchange.is_empty() || exchange.len() > 255 || exchange.chars().any(char::is_control) {
             return Err(format!(
@@ -362,7 +394,41 @@ pub struct Amqp {
     /// failed reports that failure instead of making another attempt.
     failures: AtomicU64,
     /// The group being formed: deliveries waiting for its leader to publish them.
-    forming: Mutex<Vec<Waiting>>,
+    forming: Mutex<Forming>,
+}
+
+/// The group being formed, and which one it is.
+#[derive(Default)]
+struct Forming {
+    group: Vec<Waiting>,
+    /// Counts the groups taken for publication: which group a leader leads.
+    taken: u64,
+    /// The group's leader was dropped before it took the group (its batch abandoned): the next
+    /// delivery to join leads it instead, or the group's members would wait for ever.
+    leaderless: bool,
+}
+
+impl Forming {
+    fn take(&mut self) -> Vec<Waiting> {
+        self.taken += 1;
+        self.leaderless = false;
+        std::mem::take(&mut self.group)
+    }
+}
+
+/// Marks the group leaderless if its leader is dropped before taking it.
+struct LeaderGuard<'a> {
+    forming: &'a Mutex<Forming>,
+    group: u64,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+        if forming.taken == self.group {
+            forming.leaderless = true;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -385,6 +451,8 @@ struct Waiting {
     id: String,
     body: Vec<u8>,
     properties: BasicProperties,
+    /// The size of `properties` once encoded: whether they fit in one frame ([`header_fits`]).
+    properties_len: usize,
     /// Its batch's gate, looked at just before the message is published.
     gate: Gate,
     verdict: oneshot::Sender<Result<(), DeliveryError>>,
@@ -416,7 +484,7 @@ impl Amqp {
             opts,
             state: tokio::sync::Mutex::new(State::default()),
             failures: AtomicU64::new(0),
-            forming: Mutex::new(Vec::new()),
+            forming: Mutex::new(Forming::default()),
         }
     }
 
@@ -430,29 +498,42 @@ impl Amqp {
             ))
         })?;
         let (tx, rx) = oneshot::channel();
+        let (properties, properties_len) =
+            properties(event, &routing_key, &self.opts.format, self.spec.properties);
         let leader = {
             let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
-            forming.push(Waiting {
-                properties: properties(
-                    event,
-                    &routing_key,
-                    &self.opts.format,
-                    self.spec.properties,
-                ),
+            forming.group.push(Waiting {
+                properties,
+                properties_len,
                 routing_key,
                 id: event.id.to_string(),
                 body: self.opts.format.body(event).into_bytes(),
                 gate: gate.clone(),
                 verdict: tx,
             });
-            forming.len() == 1
+            // The first to join leads the group, or the next to join one whose leader is gone.
+            let leads = forming.group.len() == 1 || forming.leaderless;
+            forming.leaderless = false;
+            leads.then_some(forming.taken)
         };
-        if leader {
+        if let Some(group) = leader {
+            let guard = LeaderGuard {
+                forming: &self.forming,
+                group,
+            };
             // Let the deliveries of the same scheduling pass join this group first.
             tokio::task::yield_now().await;
-            let group =
-                std::mem::take(&mut *self.forming.lock().unwrap_or_else(|e| e.into_inner()));
-            self.publish_group(group).await;
+            let taken = {
+                let mut forming = self.forming.lock().unwrap_or_else(|e| e.into_inner());
+                (forming.taken == group).then(|| forming.take())
+            };
+            drop(guard);
+            // Boxed, because only a group's leader runs it: inline, the state of a group's
+            // publication (a channel being opened, the publications' futures) would make every
+            // delivery's future that large, and a batch holds a thousand deliveries at once.
+            if let Some(group) = taken {
+                Box::pin(self.publish_group(group)).await;
+            }
         }
         rx.await.unwrap_or_else(|_| {
             // The leader was dropped mid-group (the relay is stopping): nothing is known.
@@ -463,7 +544,13 @@ impl Amqp {
     }
 
     /// Publishes a group and sends each delivery its verdict.
-    async fn publish_group(&self, group: Vec<Waiting>) {
+    async fn publish_group(&self, mut group: Vec<Waiting>) {
+        // A delivery dropped meanwhile (its batch abandoned) is not published: nobody would
+        // learn its verdict, and its event stays in the outbox for a later batch.
+        group.retain(|w| !w.verdict.is_closed());
+        if group.is_empty() {
+            return;
+        }
         let link = match self.link().await {
             Ok(link) => link,
             Err(e) => {
@@ -479,6 +566,16 @@ impl Amqp {
             group.into_iter().partition(|w| w.gate.allows_now());
         for w in late {
             let _ = w.verdict.send(Err(DeliveryError::late()));
+        }
+        let frame_max = link.connection.configuration().frame_max();
+        let (group, too_large): (Vec<Waiting>, Vec<Waiting>) = group
+            .into_iter()
+            .partition(|w| header_fits(w.properties_len, frame_max));
+        for w in too_large {
+            let _ = w.verdict.send(Err(DeliveryError::Rejected(format!(
+                "its message properties take {} bytes, more than one frame of the connection's {frame_max} bytes holds: raise it with ?frame_max=BYTES in the sink URL (up to the broker's own frame_max, 128 KiB by default)",
+                w.properties_len
+            ))));
         }
         if group.is_empty() {
             return;
@@ -825,28 +922,38 @@ impl Link {
     }
 }
 
-/// The message properties of `event`'s publication.
+/// The message properties of `event`'s publication, and their size once encoded (see
+/// [`header_fits`]).
 fn properties(
     event: &Event,
     routing_key: &ShortString,
     format: &Format,
     set: Properties,
-) -> BasicProperties {
+) -> (BasicProperties, usize) {
+    // What each property takes on the wire: a short string its length and one byte, a table
+    // entry its name as a short string, a type byte and (a long string) 4 bytes and its value.
+    let short = |s: &str| 1 + s.len();
+    let entry = |name: &str, value: &str| short(name) + 1 + 4 + value.len();
     let mut headers = FieldTable::default();
+    let mut table_len = 0;
     for (name, value) in format.attributes(event) {
         // `datacontenttype` is the `content-type` property below.
         if name != "datacontenttype" {
-            headers.insert(
-                format!("cloudEvents:{name}").into(),
-                AMQPValue::LongString(LongString::from(value)),
-            );
+            let name = format!("cloudEvents:{name}");
+            table_len += entry(&name, &value);
+            headers.insert(name.into(), AMQPValue::LongString(LongString::from(value)));
         }
     }
+    let message_id = event.id.to_string();
+    // The property flags (2 bytes), `content-type`, delivery mode (1 byte) and `message-id`.
+    let mut len = 2 + short("application/json") + 1 + short(&message_id);
     let mut props = BasicProperties::default()
-        .with_message_id(event.id.to_string().into())
+        .with_message_id(message_id.into())
         .with_content_type("application/json".into())
         .with_delivery_mode(2);
     if set == Properties::Full {
+        table_len += entry("aggregate_type", &event.aggregate_type);
+        table_len += entry("aggregate_id", &event.aggregate_id);
         headers.insert(
             "aggregate_type".into(),
             AMQPValue::LongString(LongString::from(event.aggregate_type.as_str())),
@@ -855,15 +962,17 @@ fn properties(
             "aggregate_id".into(),
             AMQPValue::LongString(LongString::from(event.aggregate_id.as_str())),
         );
+        len += short(routing_key.as_str()) + short("leasectl");
         props = props
             .with_type(routing_key.clone())
             .with_app_id("leasectl".into());
     }
     // An empty table is still encoded (4 bytes, and the broker decodes it): leave it out.
     if !headers.inner().is_empty() {
+        len += 4 + table_len;
         props = props.with_headers(headers);
     }
-    props
+    (props, len)
 }
 
 /// Whether a failed publication was the broker refusing *this message* by closing the channel
@@ -993,12 +1102,33 @@ mod tests {
         let short = event("order.paid", "123");
         for e in [&long, &short] {
             let key = ShortString::from(e.event_type.clone());
-            let compact = properties(e, &key, &Format::Json, Properties::Compact);
+            let (compact, len) = properties(e, &key, &Format::Json, Properties::Compact);
             assert_eq!(encoded_len(&compact), 57, "whatever the event");
+            assert_eq!(len, 57);
             // What the full set costs even a short event: past the line.
-            let full = properties(e, &key, &Format::Json, Properties::Full);
+            let (full, len) = properties(e, &key, &Format::Json, Properties::Full);
             assert!(encoded_len(&full) > 64, "{}", encoded_len(&full));
+            assert_eq!(len, encoded_len(&full));
+            let cloudevents = Format::CloudEvents {
+                source: "leasectl://app".into(),
+            };
+            for set in [Properties::Compact, Properties::Full] {
+                let (props, len) = properties(e, &key, &cloudevents, set);
+                assert_eq!(len, encoded_len(&props), "{set:?}");
+            }
         }
+    }
+
+    #[test]
+    fn frames_are_16_kib_unless_the_url_says_and_properties_must_fit_in_one() {
+        let s = Spec::parse("amqp://h/").unwrap();
+        assert_eq!(s.uri.query.frame_max, Some(16 * 1024));
+        let s = Spec::parse("amqp://h/?frame_max=131072").unwrap();
+        assert_eq!(s.uri.query.frame_max, Some(131072));
+        // A content header frame: 7 bytes of frame header, 12 of class, weight and body size,
+        // the properties and the frame-end byte.
+        assert!(header_fits(16 * 1024 - 20, 16 * 1024));
+        assert!(!header_fits(16 * 1024 - 19, 16 * 1024));
     }
 
     #[test]

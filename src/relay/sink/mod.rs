@@ -252,8 +252,11 @@ impl Sink {
             Sink::Http(s) => s.deliver(event, gate).await,
             #[cfg(feature = "amqp")]
             Sink::Amqp(s) => s.deliver(event, gate).await,
+            // Boxed: the JetStream publication's future is several kilobytes, and inline it would
+            // make every sink's deliveries that large — the relay holds one per aggregate in
+            // flight, up to a thousand, whatever the sink.
             #[cfg(feature = "nats")]
-            Sink::Nats(s) => s.deliver(event, gate).await,
+            Sink::Nats(s) => Box::pin(s.deliver(event, gate)).await,
         }
     }
 
