@@ -82,7 +82,10 @@ fn plain_and_general(env: &Env, limits: ClaimLimits) -> (Vec<String>, Via) {
         let (plain, via) = claim(&db, None, limits, true).await;
         let (general, general_via) = claim(&db, None, limits, false).await;
         assert_eq!(general_via, Via::General);
-        assert_eq!(plain, general, "the plain claim ({via:?}) takes what the general one takes");
+        assert_eq!(
+            plain, general,
+            "the plain claim ({via:?}) takes what the general one takes"
+        );
         (plain, via)
     })
 }
@@ -135,7 +138,10 @@ fn the_plain_claim_is_prepared_once_per_connection() {
             .get(0);
         assert!(named >= 1, "a named statement on the server");
         let (again, _) = claim(&db, Some(&prepared), l, true).await;
-        assert_eq!(again, first, "the prepared statement claims the same (rolled back) batch");
+        assert_eq!(
+            again, first,
+            "the prepared statement claims the same (rolled back) batch"
+        );
         assert_eq!(prepared.len(), 1, "prepared once");
         let (_, via) = claim(&db, Some(&prepared), l, false).await;
         assert_eq!(via, Via::General);
@@ -213,12 +219,12 @@ fn a_head_another_transaction_holds_makes_the_plain_claim_decline_and_skip_its_a
         let claimed = outbox::claim(on, l, ask, std::time::Duration::from_secs(60))
             .await
             .unwrap();
-        assert_eq!(claimed.via, Via::Fallback(Declined::Locked));
         let plain: Vec<String> = claimed.events.iter().map(tag).collect();
         assert!(
             plain.iter().all(|t| !t.starts_with("a0:")),
             "nothing behind the head another transaction holds: {plain:?}"
         );
+        assert_eq!(claimed.via, Via::Fallback(Declined::Locked));
         // While the batch is held: the plain claim locked a0's second event too before it
         // declined, and that lock went with its transaction — a0's events behind its head are
         // free for anyone to lock (the general claim never locked them).
@@ -260,7 +266,10 @@ fn a_compressed_payload_makes_the_plain_claim_decline_and_the_batch_stays_within
         "SELECT pg_column_compression(payload) IS NOT NULL AND pg_column_size(payload) < 10000
            FROM outbox ORDER BY seq LIMIT 1",
     );
-    assert_eq!(packed, "t", "the big payload is stored compressed, and small");
+    assert_eq!(
+        packed, "t",
+        "the big payload is stored compressed, and small"
+    );
     // 50 kB: the compressed payload's stored size fits, its text does not.
     let bytes = 50_000;
     let (got, via) = plain_and_general(&env, limits(10, bytes, Order::Insert));
@@ -296,7 +305,10 @@ fn heads_past_the_batch_make_the_plain_claim_decline_so_a_burst_keeps_no_one_wai
     );
     let (got, via) = plain_and_general(&env, limits(10, 1 << 20, Order::Insert));
     assert_eq!(via, Via::Fallback(Declined::Spread));
-    assert!(got.contains(&"b:0".to_owned()), "b's head in the batch: {got:?}");
+    assert!(
+        got.contains(&"b:0".to_owned()),
+        "b's head in the batch: {got:?}"
+    );
     let mut expected: Vec<String> = (0..9).map(|n| format!("a0:{n}")).collect();
     expected.push("b:0".into());
     assert_eq!(got, expected, "published in seq order");

@@ -44,8 +44,10 @@
 //! retry, no head is another relay's, no payload is stored compressed, the batch is within
 //! `--batch-bytes`. For those the general claim takes the first `--batch` events of its
 //! window, and [`claim`] tries a plainer statement first (`CLAIM_PLAIN`; not when the claim
-//! looks past its window, which only the general claim does) that costs less: the window, one
-//! count of its aggregates, one lock of the events it takes, the `DELETE`. It takes exactly what
+//! looks past its window, which only the general claim does) that costs less: the first
+//! `--batch` events (and the rest of the general claim's window only when some aggregate has
+//! more than one event among them), one count of their aggregates, one lock of the events it
+//! takes, the `DELETE`; no join, sort or running sum, and no copy of the rows. It takes exactly what
 //! the general claim would — the first `--batch` events of the window, in the same order — and
 //! checks, in the statement itself, that the general claim would take just those:
 //!
@@ -61,8 +63,10 @@
 //!   deleted since the window's snapshot. Locking every event, not only the heads, is what the
 //!   `DELETE` does anyway.
 //!
-//! If any check fails it deletes nothing and returns one row saying which ([`Declined`]); the
-//! relay then rolls its transaction back — with whatever it locked, so no head stays locked
+//! If any check fails it deletes nothing and says which ([`Declined`]) in a setting of its
+//! transaction, read in the same round trip (a `DELETE … RETURNING` returns only deleted rows,
+//! and a query around it that could add a row saying so copied every returned row once more);
+//! the relay then rolls its transaction back — with whatever it locked, so no head stays locked
 //! by a claim that took nothing — and sends the general claim in a new one, in the same round
 //! trip as the rollback, and uses the general claim alone for a second before it tries the
 //! plain one again (`relay/plain.rs`). Both claims see the same rules above, so whichever
@@ -152,8 +156,8 @@ pub use claim::{
     claim, cut_off, explain_claim, explain_plain_claim, Ask, Claim, ClaimLimits, Claimed, Declined,
     Reach, Session, Via, REACH_FACTOR,
 };
-pub use prepared::Prepared;
 pub use horizon::{commit_horizon, horizon_holders, xid_holder, Holder, Horizon};
+pub use prepared::Prepared;
 pub use settle::{settle, Settle, SettleFailed};
 pub use wire::published_json;
 

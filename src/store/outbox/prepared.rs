@@ -65,6 +65,9 @@ impl Prepared {
         if let Some(statement) = known {
             return Ok(statement);
         }
+        // Named, so it must never reach a pooler: the relay gives a cache only to a connection
+        // that reaches its own server session (see the module documentation).
+        #[allow(clippy::disallowed_methods)]
         let statement = client.prepare_typed(sql, types).await?;
         self.statements.borrow_mut().push((key, statement.clone()));
         Ok(statement)
