@@ -225,9 +225,8 @@ fn a_head_another_transaction_holds_makes_the_plain_claim_decline_and_skip_its_a
             "nothing behind the head another transaction holds: {plain:?}"
         );
         assert_eq!(claimed.via, Via::Fallback(Declined::Locked));
-        // While the batch is held: the plain claim locked a0's second event too before it
-        // declined, and that lock went with its transaction — a0's events behind its head are
-        // free for anyone to lock (the general claim never locked them).
+        // While the batch is held: nothing of a0 behind its head is locked (the plain claim's
+        // locks went with its transaction, the general claim skipped the aggregate).
         let third = Settings::new(Some(&env.direct_url))
             .unwrap()
             .open_client()

@@ -148,7 +148,7 @@ RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_i
 /// dead or waiting out a retry), `packed` (a payload is stored compressed), `bytes` (the events
 /// exceed `$4`), `spread` (an aggregate's head lies past the first `$1` events but within the
 /// general claim's window, which takes it first), `locked` (another transaction holds or removed
-/// one of the events).
+/// one of the heads).
 const CLAIM_PLAIN: &str = "
 WITH win1 AS MATERIALIZED (
     SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
@@ -158,8 +158,10 @@ WITH win1 AS MATERIALIZED (
      WHERE {up_to}{eligible} AND o.seq <> ALL ($5) AND o.dead_at IS NULL
      ORDER BY {key:o}
      LIMIT $1
-), aggs AS MATERIALIZED (
-    SELECT aggregate_type, aggregate_id FROM win1 GROUP BY aggregate_type, aggregate_id
+), firsts1 AS MATERIALIZED (
+    -- Each aggregate's head among these events (its first: with nothing held, its chain here
+    -- runs from it).
+    {firsts:win1}
 ), plain AS MATERIALIZED (
     -- What can be told without locking anything. With no event held anywhere, every event is
     -- due, and each aggregate's events here run from its head.
@@ -171,7 +173,7 @@ WITH win1 AS MATERIALIZED (
                 -- events are what it takes when they are all heads, or when no other
                 -- aggregate has an event in the rest of its window — looked at only if some
                 -- aggregate has more than one event here (else the condition is false first).
-                WHEN (SELECT count(*) FROM aggs) < count(*) AND EXISTS (
+                WHEN (SELECT count(*) FROM firsts1) < count(*) AND EXISTS (
                      SELECT 1
                        FROM (SELECT o.aggregate_type, o.aggregate_id
                                FROM {s}.outbox o
@@ -180,13 +182,15 @@ WITH win1 AS MATERIALIZED (
                               ORDER BY {key:o}
                               LIMIT $2 - $1) p
                       WHERE (p.aggregate_type, p.aggregate_id) NOT IN (
-                            SELECT aggregate_type, aggregate_id FROM aggs)) THEN 'spread'
+                            SELECT aggregate_type, aggregate_id FROM win1)) THEN 'spread'
            END AS declined
       FROM win1 w
 ), locked AS MATERIALIZED (
+    -- The heads, as the general claim locks them: whoever holds an aggregate's head holds the
+    -- aggregate (the `DELETE` then locks the events behind them).
     SELECT o.seq
       FROM {s}.outbox o
-     WHERE o.seq = ANY (ARRAY(SELECT seq FROM win1 WHERE (SELECT declined IS NULL FROM plain)))
+     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts1 WHERE (SELECT declined IS NULL FROM plain)))
        FOR UPDATE SKIP LOCKED
 ), verdict AS MATERIALIZED (
     -- An event skipped by the lock is another transaction's, or gone since the window's
@@ -196,13 +200,13 @@ WITH win1 AS MATERIALIZED (
                       CASE WHEN NOT (SELECT seen FROM plain) THEN 'empty'
                            WHEN (SELECT declined FROM plain) IS NOT NULL
                            THEN (SELECT declined FROM plain)
-                           WHEN (SELECT count(*) FROM locked) < (SELECT count(*) FROM win1)
+                           WHEN (SELECT count(*) FROM locked) < (SELECT count(*) FROM firsts1)
                            THEN 'locked'
                            ELSE 'taken'
                       END, true) AS said
 )
 DELETE FROM {s}.outbox o
- WHERE o.seq = ANY (ARRAY(SELECT seq FROM locked)) AND (SELECT said = 'taken' FROM verdict)
+ WHERE o.seq = ANY (ARRAY(SELECT seq FROM win1)) AND (SELECT said = 'taken' FROM verdict)
 RETURNING o.seq, o.xid, o.id, o.aggregate_type, o.aggregate_id, o.type,
           o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
           o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,

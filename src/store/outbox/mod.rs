@@ -46,8 +46,8 @@
 //! window, and [`claim`] tries a plainer statement first (`CLAIM_PLAIN`; not when the claim
 //! looks past its window, which only the general claim does) that costs less: the first
 //! `--batch` events (and the rest of the general claim's window only when some aggregate has
-//! more than one event among them), one count of their aggregates, one lock of the events it
-//! takes, the `DELETE`; no join, sort or running sum, and no copy of the rows. It takes exactly what
+//! more than one event among them), one count of their aggregates, one lock of their heads, the
+//! `DELETE`; no join, sort or running sum, and no copy of the rows. It takes exactly what
 //! the general claim would — the first `--batch` events of the window, in the same order — and
 //! checks, in the statement itself, that the general claim would take just those:
 //!
@@ -59,9 +59,9 @@
 //!   of the window has its head among them: the general claim takes every head of its window
 //!   first, so an aggregate whose head lies past them would go first there (a burst on one
 //!   aggregate must not keep the others waiting);
-//! * each of them could be locked `FOR UPDATE SKIP LOCKED`: none is another relay's, or was
-//!   deleted since the window's snapshot. Locking every event, not only the heads, is what the
-//!   `DELETE` does anyway.
+//! * each of their aggregates' heads among them could be locked `FOR UPDATE SKIP LOCKED`, as
+//!   the general claim locks them: none is another relay's, or was deleted since the window's
+//!   snapshot; the `DELETE` then takes the events behind them, as the general claim's does.
 //!
 //! If any check fails it deletes nothing and says which ([`Declined`]) in a setting of its
 //! transaction, read in the same round trip (a `DELETE … RETURNING` returns only deleted rows,
