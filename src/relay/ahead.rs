@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::liveness::{bounded, Lost, Open};
 use super::Relay;
-use crate::db::Db;
-use crate::store::outbox::{self, Claimed};
+use crate::db::{Db, Pooling};
+use crate::store::outbox::{self, Claimed, Prepared, Session};
 
 /// After the second connection could not be opened, how long the relay claims one batch at a
 /// time before it tries again.
@@ -50,6 +50,9 @@ pub(super) struct Ahead {
     pub(super) next: Option<Next>,
     /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
     pub(super) failed_at: Option<Instant>,
+    /// The claim statements prepared on each connection: forgotten with the connection.
+    main_prepared: Prepared,
+    spare_prepared: Prepared,
 }
 
 /// A claimed batch and its transaction.
@@ -73,6 +76,21 @@ impl Ahead {
                 .spare
                 .as_ref()
                 .expect("a batch on the second connection"),
+        }
+    }
+
+    /// A connection as the claim needs it: with its prepared statements, unless it goes
+    /// through a transaction-mode pooler (where only unnamed statements work).
+    pub(super) fn session<'a>(&'a self, db: &'a Db, conn: Conn) -> Session<'a> {
+        let on = self.conn(db, conn);
+        let prepared = match conn {
+            Conn::Main => &self.main_prepared,
+            Conn::Spare => &self.spare_prepared,
+        };
+        Session {
+            client: &on.client,
+            schema: &on.schema,
+            prepared: (on.pooling() == Pooling::Direct).then_some(prepared),
         }
     }
 
@@ -116,15 +134,17 @@ impl Ahead {
             if let Some(spare) = self.spare.take() {
                 spare.close_now();
             }
+            self.spare_prepared.forget();
         }
     }
 
     /// Forgets both transactions' connection state after a failure: the second connection is
     /// closed (the server rolls back whatever was open on it); the main one is reconnected by
-    /// the caller.
+    /// the caller, so its prepared statements are forgotten too.
     pub(super) fn reset(&mut self) {
         self.next = None;
         self.failed(Conn::Spare);
+        self.main_prepared.forget();
     }
 }
 
@@ -189,6 +209,7 @@ impl Relay {
         match db.another().await {
             Ok(spare) => {
                 ahead.spare = Some(spare);
+                ahead.spare_prepared.forget();
                 ahead.failed_at = None;
                 Some(conn)
             }

@@ -42,6 +42,7 @@ pub mod backoff;
 mod horizon;
 pub mod liveness;
 pub mod metrics;
+mod plain;
 pub mod progress;
 pub mod publish;
 mod reach;
@@ -60,10 +61,11 @@ use crate::db::{self, Db};
 use crate::exit::{Exit, Failure};
 use crate::fmt;
 use crate::model::order::Order;
-use crate::store::outbox::{self, ClaimLimits, Reach, Settle};
+use crate::store::outbox::{self, Ask, Claim, ClaimLimits, Reach, Settle};
 use backoff::{Backoff, Outage, OUTAGE_BASE, OUTAGE_CAP};
 use liveness::{bounded, Lost, Open};
 use metrics::Metrics;
+use plain::Claims;
 use progress::Progress;
 use publish::Publisher;
 use sink::{Sink, SinkOptions, SinkSpec};
@@ -135,6 +137,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         horizon_warned: Vec::new(),
         deleted_since_horizon: 0,
         took: None,
+        claims: Claims::default(),
         cfg,
     };
     let d = relay.cfg.statement_deadline;
@@ -175,6 +178,9 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         }
     };
     relay.progress.finish();
+    if let Some(summary) = relay.claims.summary() {
+        info!("{summary}");
+    }
     result
 }
 
@@ -223,6 +229,8 @@ struct Relay {
     /// is the slow part (stdout), which claiming ahead makes slower still — it reads past the
     /// batch in hand. None before the first batch: claim ahead, and see.
     took: Option<(Duration, Duration)>,
+    /// Which statements claimed the batches, and when the plain claim may be tried again.
+    claims: Claims,
 }
 
 /// What one batch did.
@@ -399,10 +407,20 @@ impl Relay {
             Some(next) => next,
             None => {
                 let reach = self.reach_now();
+                let ask = Ask {
+                    reach,
+                    after: None,
+                    plain: self.claims.plain_now(),
+                };
                 let sent = Instant::now();
-                let claim = outbox::claim(&db.client, &db.schema, limits, reach, None, self.idle);
-                let (claimed, idle) = bounded(d, "the claim", claim).await?;
+                let claim = outbox::claim(ahead.session(db, Conn::Main), limits, ask, self.idle);
+                let Claim {
+                    events: claimed,
+                    idle,
+                    via,
+                } = bounded(d, "the claim", claim).await?;
                 self.claimed(reach, &claimed);
+                self.claims.record(via);
                 Next {
                     conn: Conn::Main,
                     events: claimed,
@@ -447,20 +465,19 @@ impl Relay {
             ..limits
         };
         let (own_idle, in_flight) = (self.idle, self.in_flight);
+        let plain = self.claims.plain_now();
         let (published, next, lost) = {
             let ahead = &*ahead;
             let open = Open::new(&ahead.conn(db, on).client, confirmed, idle, in_flight, d);
             let claim_next = async {
-                let conn = ahead.conn(db, next_on?);
-                let sent = Instant::now();
-                let claim = outbox::claim(
-                    &conn.client,
-                    &db.schema,
-                    next_limits,
+                let on = ahead.session(db, next_on?);
+                let ask = Ask {
                     reach,
-                    Some(&claimed),
-                    own_idle,
-                );
+                    after: Some(&claimed),
+                    plain,
+                };
+                let sent = Instant::now();
+                let claim = outbox::claim(on, next_limits, ask, own_idle);
                 let next = bounded(d, "the claim of the next batch", claim).await;
                 Some((next, sent))
             };
@@ -499,9 +516,14 @@ impl Relay {
             .count();
         if let (Some(conn), Some((next, sent))) = (next_on, next) {
             match next {
-                Ok((next, idle)) => {
+                Ok(Claim {
+                    events: next,
+                    idle,
+                    via,
+                }) => {
                     (self.reach_next, self.reach_windows) =
                         reach_after(self.cfg.batch, reach, self.reach_windows, &next);
+                    self.claims.record(via);
                     ahead.next = Some(Next {
                         conn,
                         events: next,

@@ -45,6 +45,7 @@ mod relay_faults;
 mod relay_locked;
 mod relay_memory;
 mod relay_order;
+mod relay_plain;
 mod relay_session;
 mod relay_sinks;
 mod relay_wake;

@@ -1,6 +1,7 @@
 //! The `outbox` table: every SQL statement on it, one concern per file: `claim.rs` takes a batch
-//! for the relay, `settle.rs` puts back what was not delivered and commits the rest, `horizon.rs`
-//! reads the commit order's horizon and who holds it back, `admin.rs` is the operator's list /
+//! for the relay (and `prepared.rs` keeps its statements prepared on a connection), `settle.rs`
+//! puts back what was not delivered and commits the rest, `horizon.rs` reads the commit order's
+//! horizon and who holds it back, `admin.rs` is the operator's list /
 //! retry / discard and the backlog, and `wire.rs` the published form. This module holds what
 //! they share ([`Event`], [`rollback`]) and re-exports the rest, so callers name
 //! `store::outbox::…` whichever file an item lives in.
@@ -37,6 +38,40 @@
 //! 5. those rows are deleted, which locks them until the transaction ends. (Heads locked but cut
 //!    off by `--batch-bytes` stay locked until then too.)
 //!
+//! # The plain claim
+//!
+//! Most batches need none of the general claim's care: no event is dead or waiting out a
+//! retry, no head is another relay's, no payload is stored compressed, the batch is within
+//! `--batch-bytes`. For those the general claim takes the first `--batch` events of its
+//! window, and [`claim`] tries a plainer statement first (`CLAIM_PLAIN`; not when the claim
+//! looks past its window, which only the general claim does) that costs less: the first
+//! `--batch` events (and the rest of the general claim's window only when some aggregate has
+//! more than one event among them), one count of their aggregates, one lock of their heads, the
+//! `DELETE`; no join, sort or running sum, and no copy of the rows. It takes exactly what
+//! the general claim would — the first `--batch` events of the window, in the same order — and
+//! checks, in the statement itself, that the general claim would take just those:
+//!
+//! * no event of the outbox is *held* (dead or waiting out a retry): one probe of the empty
+//!   partial index `outbox_held`, so every event is due and no aggregate is blocked;
+//! * none of those events' payloads is stored compressed, and their stored sizes add up to
+//!   `--batch-bytes` at most: then every prefix fits, and the general claim takes them all;
+//! * either they belong to `--batch` different aggregates (each is a head), or every aggregate
+//!   of the window has its head among them: the general claim takes every head of its window
+//!   first, so an aggregate whose head lies past them would go first there (a burst on one
+//!   aggregate must not keep the others waiting);
+//! * each of their aggregates' heads among them could be locked `FOR UPDATE SKIP LOCKED`, as
+//!   the general claim locks them: none is another relay's, or was deleted since the window's
+//!   snapshot; the `DELETE` then takes the events behind them, as the general claim's does.
+//!
+//! If any check fails it deletes nothing and says which ([`Declined`]) in a setting of its
+//! transaction, read in the same round trip (a `DELETE … RETURNING` returns only deleted rows,
+//! and a query around it that could add a row saying so copied every returned row once more);
+//! the relay then rolls its transaction back — with whatever it locked, so no head stays locked
+//! by a claim that took nothing — and sends the general claim in a new one, in the same round
+//! trip as the rollback, and uses the general claim alone for a second before it tries the
+//! plain one again (`relay/plain.rs`). Both claims see the same rules above, so whichever
+//! claimed a batch, the rule below holds.
+//!
 //! A second relay cannot take any event of an aggregate this relay is working on: the head is
 //! locked, and every later event has an older event (the head) still visible to it until this
 //! relay commits — by which time everything it deleted has been published. Rows are deleted
@@ -44,7 +79,7 @@
 //! relay killed mid-batch leaves them all in place (at-least-once). What was not delivered is
 //! put back by `restore` in the same transaction, with its original `seq` and `id`.
 //!
-//! # No session state
+//! # No session state, except prepared claims on a direct connection
 //!
 //! Every statement here is unnamed (`query_typed`, or `batch_execute` where there are no
 //! parameters), never a named prepared statement (`prepare`, or `query(&str, …)` which
@@ -54,6 +89,15 @@
 //! its own transaction, and nothing here sets anything for the session. An unnamed statement
 //! is also planned afresh with its actual parameters every time (never a generic plan), and
 //! `BEGIN` with the claim still go out in one round trip.
+//!
+//! The one exception are the claim statements on a connection that reaches its own server
+//! session ([`Session::prepared`], which the relay leaves out behind a pooler): they are
+//! prepared once per connection ([`Prepared`]), since parsing and planning them took a good
+//! part of every batch. Planned generically after a few batches (PostgreSQL's choice), their
+//! plans are the same index scans and hashes: the transaction's planner settings leave the
+//! claim nothing else, whatever its parameters or the statistics. Not a claim ahead, though:
+//! its `seq`s of the batch in hand would be compared one by one in a generic plan, where the
+//! unnamed statement's plan hashes them.
 //!
 //! # Insert order and commit order
 //!
@@ -96,6 +140,7 @@
 mod admin;
 mod claim;
 mod horizon;
+mod prepared;
 mod settle;
 mod wire;
 
@@ -107,8 +152,12 @@ pub use admin::{
     backlog, discard, in_a_batch, list, next_retry_in, retry, retry_one, vacuum, Backlog,
     Discarded, Listed, RetryWhich,
 };
-pub use claim::{claim, cut_off, explain_claim, ClaimLimits, Claimed, Reach, REACH_FACTOR};
+pub use claim::{
+    claim, cut_off, explain_claim, explain_plain_claim, Ask, Claim, ClaimLimits, Claimed, Declined,
+    Reach, Session, Via, REACH_FACTOR,
+};
 pub use horizon::{commit_horizon, horizon_holders, xid_holder, Holder, Horizon};
+pub use prepared::Prepared;
 pub use settle::{settle, Settle, SettleFailed};
 pub use wire::published_json;
 
