@@ -95,6 +95,30 @@ pub async fn connect(database_url: Option<&str>, schema: &str) -> Result<Db> {
     .await
 }
 
+/// Connects as [`connect`] does, under the same deadline, leaving the schema check to the first
+/// transaction ([`Db::first`]) or to [`check_schema`]: for `run`, whose acquisition carries it.
+pub async fn connect_unchecked(database_url: Option<&str>, schema: &str) -> Result<Db> {
+    let settings = Settings::new(database_url)?;
+    bounded(settings, |settings| {
+        Db::unchecked(settings, Schema::new(schema))
+    })
+    .await
+}
+
+/// [`Db::check_schema`] within the statement window (a schema's first use migrates it), as
+/// [`connect`] bounds it.
+pub async fn check_schema(db: &mut Db) -> Result<()> {
+    let window = statement_window()?;
+    match tokio::time::timeout(window, db.check_schema()).await {
+        Ok(checked) => checked,
+        Err(_) => Err(Failure::Unavailable(format!(
+            "no answer from PostgreSQL to the schema check within {} (LEASECTL_STATEMENT_TIMEOUT)",
+            crate::fmt::duration(window)
+        ))
+        .into()),
+    }
+}
+
 /// Connects as [`connect`] does, under the same deadline, without touching the schema: for
 /// `doctor`, which only looks ([`Db::inspect`]).
 pub async fn connect_to_inspect(

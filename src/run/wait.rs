@@ -18,6 +18,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
 use crate::config::RunConfig;
+use crate::db::first::First;
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
 use crate::model::flags::Wait;
@@ -335,7 +336,7 @@ impl Waiter {
             ticket: self.ticket,
             max_holders: cfg.max_holders,
         };
-        let busy = match leases::acquire(&db.client, &db.schema, &cfg.target, &who).await? {
+        let busy = match self.acquire(db, cfg, &who).await? {
             Acquired::Held(l) => return granted(l, self.listening, self.ticket),
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
@@ -435,6 +436,33 @@ impl Waiter {
             }
         }
         Ok(Attempt::Wait(busy))
+    }
+
+    /// The acquiring statement. On a connection whose schema is still unchecked (the first
+    /// attempt of a run), it goes in one flight with the check and the LISTEN that the
+    /// heartbeat or the wait would send next ([`Db::first`]): one round trip for all three.
+    /// Where it cannot (`--max-holders` above 1 opens a transaction of its own), or when the
+    /// flight did not commit, the schema is checked (and migrated) first, as a connection
+    /// always did, and the statement sent alone.
+    async fn acquire(
+        &mut self,
+        db: &mut Db,
+        cfg: &RunConfig,
+        who: &Contender<'_>,
+    ) -> Result<Acquired> {
+        if cfg.max_holders == 1 {
+            let work = leases::acquire(&db.client, &db.schema, &cfg.target, who);
+            match db.first(work).await? {
+                First::Committed(c) => {
+                    let (acquired, listening) = db.accept(c);
+                    self.listening |= listening;
+                    return Ok(acquired);
+                }
+                First::Redo => {}
+            }
+        }
+        crate::db::deadline::check_schema(db).await?;
+        leases::acquire(&db.client, &db.schema, &cfg.target, who).await
     }
 
     /// Shows where we stand: on a terminal in the spinner; otherwise one line every
