@@ -317,8 +317,8 @@ impl Waiter {
                 return Ok(Attempt::Done(Obtained::Done(exit)));
             }
         }
-        let sent = Instant::now();
-        let granted = |lease, listening, ticket| {
+        let mut sent = Instant::now();
+        let granted = |lease, listening, ticket, sent| {
             Ok(Attempt::Done(Obtained::Lease(Granted {
                 lease,
                 sent,
@@ -336,11 +336,11 @@ impl Waiter {
             ticket: self.ticket,
             max_holders: cfg.max_holders,
         };
-        let busy = match self.acquire(db, cfg, &who).await? {
-            Acquired::Held(l) => return granted(l, self.listening, self.ticket),
+        let busy = match self.acquire(db, cfg, &who, &mut sent).await? {
+            Acquired::Held(l) => return granted(l, self.listening, self.ticket, sent),
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
-                    Acquired::Held(l) => granted(l, self.listening, self.ticket),
+                    Acquired::Held(l) => granted(l, self.listening, self.ticket, sent),
                     Acquired::Mismatch { in_force } => Err(mismatch(cfg, in_force)),
                     Acquired::Busy(_) => Ok(Attempt::Again),
                 };
@@ -444,11 +444,16 @@ impl Waiter {
     /// Where it cannot (`--max-holders` above 1 opens a transaction of its own), or when the
     /// flight did not commit, the schema is checked (and migrated) first, as a connection
     /// always did, and the statement sent alone.
+    ///
+    /// `sent` is when the acquiring statement went out, moved to its second sending on the old
+    /// path: the lease's deadline counts from it, and the database's clock is mapped to ours by
+    /// it (a migration in between must not shift the run's recorded times).
     async fn acquire(
         &mut self,
         db: &mut Db,
         cfg: &RunConfig,
         who: &Contender<'_>,
+        sent: &mut Instant,
     ) -> Result<Acquired> {
         if cfg.max_holders == 1 {
             let work = leases::acquire(&db.client, &db.schema, &cfg.target, who);
@@ -462,6 +467,7 @@ impl Waiter {
             }
         }
         crate::db::deadline::check_schema(db).await?;
+        *sent = Instant::now();
         leases::acquire(&db.client, &db.schema, &cfg.target, who).await
     }
 
