@@ -23,6 +23,24 @@ use tokio_postgres::SimpleQueryMessage;
 
 use super::connect::STATEMENT_TIMEOUT;
 use super::{is_unavailable, session, Db, Pooling};
+use crate::error::Failure;
+
+/// Whether `e` says the database is unavailable (its first typed cause, as the exit code
+/// would judge it).
+fn lost(e: &anyhow::Error) -> bool {
+    for cause in e.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return matches!(f, Failure::Unavailable(_) | Failure::Refused(_));
+        }
+        if cause
+            .downcast_ref::<tokio_postgres::Error>()
+            .is_some_and(is_unavailable)
+        {
+            return true;
+        }
+    }
+    false
+}
 
 /// How a first transaction ended.
 pub enum First<T> {
@@ -100,9 +118,7 @@ impl Db {
         }
         let value = match value {
             Ok(v) => v,
-            Err(e) if crate::exit::Exit::from_error(&e) == crate::exit::Exit::Unavailable => {
-                return Err(e)
-            }
+            Err(e) if lost(&e) => return Err(e),
             Err(_) => return Ok(First::Redo),
         };
         let (Ok(msgs), Ok(listening)) = (checked, listened) else {
