@@ -184,7 +184,8 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
 /// caller then takes [`migrate`]'s path, which creates, upgrades or refuses with its own
 /// messages. The comparison is the database's, so no round trip waits for it.
 pub fn begin_if_current(schema: &Schema) -> String {
-    let mut expected = String::new();
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut expected = String::with_capacity(MIGRATIONS.len() * 100);
     for m in MIGRATIONS {
         if !expected.is_empty() {
             expected.push(',');
@@ -192,7 +193,8 @@ pub fn begin_if_current(schema: &Schema) -> String {
         expected.push_str(&m.version.to_string());
         expected.push(':');
         for b in m.checksum() {
-            expected.push_str(&format!("{b:02x}"));
+            expected.push(char::from(HEX[usize::from(b >> 4)]));
+            expected.push(char::from(HEX[usize::from(b & 15)]));
         }
     }
     // The literal holds digits, ':', ',' and hex only. The divisor depends on a row read at run

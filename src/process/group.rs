@@ -410,15 +410,20 @@ struct Title {
 
 impl Title {
     fn prepare() -> Title {
-        let area = std::fs::read_to_string("/proc/self/stat")
+        // One read into a buffer that fits any stat line (a few hundred bytes), where
+        // read_to_string probes with small reads, each making the kernel format the line again.
+        let mut buf = [0u8; 4096];
+        let stat = std::fs::File::open("/proc/self/stat")
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
             .ok()
-            .and_then(|stat| {
-                // state is field 3, arg_start 48 and arg_end 49.
-                let mut rest = stat_fields(&stat).skip(45);
-                let start: usize = rest.next()?.parse().ok()?;
-                let end: usize = rest.next()?.parse().ok()?;
-                (end > start).then_some((start, end - start))
-            });
+            .and_then(|n| std::str::from_utf8(&buf[..n]).ok());
+        let area = stat.and_then(|stat| {
+            // state is field 3, arg_start 48 and arg_end 49.
+            let mut rest = stat_fields(stat).skip(45);
+            let start: usize = rest.next()?.parse().ok()?;
+            let end: usize = rest.next()?.parse().ok()?;
+            (end > start).then_some((start, end - start))
+        });
         let text = format!(
             "leasectl-watch (kills the command's group if leasectl pid {} dies)",
             std::process::id()

@@ -16,6 +16,12 @@ use std::time::Duration;
 /// One chunk as read: which connection, from the client (or the server), the bytes.
 type Chunk = (usize, bool, Vec<u8>);
 
+/// One frontend message: its type byte (0 in the startup phase) and body.
+pub type Message = (u8, Vec<u8>);
+
+/// What the client sent between two answers of the server.
+pub type Flight = Vec<Message>;
+
 pub struct Recorder {
     pub port: u16,
     log: Arc<Mutex<Vec<Chunk>>>,
@@ -69,7 +75,7 @@ impl Recorder {
 
     /// The flights of every connection so far, in order: each flight is its frontend
     /// messages, as (type byte, body). Startup-phase packets have type 0.
-    pub fn flights(&self) -> Vec<Vec<Vec<(u8, Vec<u8>)>>> {
+    pub fn flights(&self) -> Vec<Vec<Flight>> {
         let log = self.log.lock().unwrap().clone();
         let conns = log.iter().map(|c| c.0 + 1).max().unwrap_or(0);
         (0..conns)
@@ -93,7 +99,7 @@ impl Recorder {
 
 /// Splits each flight's bytes into frontend messages; the stream starts in the startup phase
 /// (untyped packets: SSL and GSS requests, then the startup message).
-fn split(flights: &[Vec<u8>]) -> Vec<Vec<(u8, Vec<u8>)>> {
+fn split(flights: &[Vec<u8>]) -> Vec<Flight> {
     let mut started = false;
     let mut out = Vec::new();
     for bytes in flights {
@@ -149,12 +155,12 @@ fn pump(
 }
 
 /// Whether a flight sends a statement: a simple query ('Q') or an extended-protocol Parse ('P').
-pub fn has_statement(flight: &[(u8, Vec<u8>)]) -> bool {
+pub fn has_statement(flight: &[Message]) -> bool {
     flight.iter().any(|(k, _)| *k == b'Q' || *k == b'P')
 }
 
 /// The SQL text of a flight's statements.
-pub fn statements(flight: &[(u8, Vec<u8>)]) -> Vec<String> {
+pub fn statements(flight: &[Message]) -> Vec<String> {
     flight
         .iter()
         .filter_map(|(k, body)| match k {
