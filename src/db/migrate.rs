@@ -197,13 +197,15 @@ pub fn begin_if_current(schema: &Schema) -> String {
             expected.push(char::from(HEX[usize::from(b & 15)]));
         }
     }
-    // The literal holds digits, ':', ',' and hex only. The divisor depends on a row read at run
-    // time, so the planner cannot fold the error into every execution.
+    // The literal holds digits, ':', ',' and hex only. A row without a checksum (a ledger from
+    // before checksums, or a version from a newer leasectl written by hand) must not drop out
+    // of the list, hence the coalesce. The divisor depends on rows read at run time, so the
+    // planner cannot fold the error into every execution.
     schema.sql(&format!(
         "BEGIN;
          SELECT current_setting('statement_timeout') AS statement_timeout,
-                1 / (SELECT CASE WHEN string_agg(version || ':' || encode(checksum, 'hex'), ','
-                                                 ORDER BY version) = '{expected}'
+                1 / (SELECT CASE WHEN string_agg(version || ':' || coalesce(encode(checksum, 'hex'), '-'),
+                                                 ',' ORDER BY version) = '{expected}'
                                  THEN 1 ELSE 0 END
                        FROM {{s}}.schema_migrations) AS current"
     ))
