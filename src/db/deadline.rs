@@ -108,14 +108,40 @@ pub async fn connect_unchecked(database_url: Option<&str>, schema: &str) -> Resu
 /// [`Db::check_schema`] within the statement window (a schema's first use migrates it), as
 /// [`connect`] bounds it.
 pub async fn check_schema(db: &mut Db) -> Result<()> {
-    let window = statement_window()?;
+    let (window, what) = schema_window(db)?;
     match tokio::time::timeout(window, db.check_schema()).await {
         Ok(checked) => checked,
-        Err(_) => Err(Failure::Unavailable(format!(
-            "no answer from PostgreSQL to the schema check within {} (LEASECTL_STATEMENT_TIMEOUT)",
-            crate::fmt::duration(window)
-        ))
-        .into()),
+        Err(_) => Err(Failure::Unavailable(what).into()),
+    }
+}
+
+/// Runs `first` (a [`Db::first`] transaction, which carries the schema check) within the
+/// statement window, as [`check_schema`] bounds the check alone.
+pub async fn first<T>(db: &Db, first: impl Future<Output = Result<T>>) -> Result<T> {
+    let (window, what) = schema_window(db)?;
+    match tokio::time::timeout(window, first).await {
+        Ok(done) => done,
+        Err(_) => Err(Failure::Unavailable(what).into()),
+    }
+}
+
+/// How long the schema check may take, and what to say when it took longer (as [`bounded`]).
+fn schema_window(db: &Db) -> Result<(Duration, String)> {
+    let window = statement_window()?;
+    let what = format!(
+        "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
+        db.settings.describe(),
+        crate::fmt::duration(window)
+    );
+    Ok((window, what))
+}
+
+/// How long the first acquisition of a connection whose schema is still unchecked may take:
+/// the schema check's window (a first use migrates) on top of `statement`, the statement's own.
+pub fn first_attempt(db: &Db, statement: Duration) -> Duration {
+    match db.unchecked {
+        Some(_) => statement.saturating_add(statement_window().unwrap_or(STATEMENT_WINDOW)),
+        None => statement,
     }
 }
 

@@ -140,7 +140,9 @@ pub(super) async fn obtain(
     };
     let mut first = true;
     let result = loop {
-        let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
+        // The first attempt may carry the schema check, and with it a migration.
+        let limit = crate::db::deadline::first_attempt(db, STATEMENT_DEADLINE);
+        let attempt = bounded(Instant::now() + limit, w.attempt(db, cfg, me));
         // Any --wait tries at least once, however short or already spent.
         let limit = match give_up_at {
             Some(g) if first => Some(g.max(Instant::now() + FIRST_TRY)),
@@ -457,7 +459,7 @@ impl Waiter {
     ) -> Result<Acquired> {
         if cfg.max_holders == 1 {
             let work = leases::acquire(&db.client, &db.schema, &cfg.target, who);
-            match db.first(work).await? {
+            match crate::db::deadline::first(db, db.first(work)).await? {
                 First::Committed(c) => {
                     let (acquired, listening) = db.accept(c);
                     self.listening |= listening;
