@@ -136,15 +136,6 @@ fn schema_window(db: &Db) -> Result<(Duration, String)> {
     Ok((window, what))
 }
 
-/// How long the first acquisition of a connection whose schema is still unchecked may take:
-/// the schema check's window (a first use migrates) on top of `statement`, the statement's own.
-pub fn first_attempt(db: &Db, statement: Duration) -> Duration {
-    match db.unchecked {
-        Some(_) => statement.saturating_add(statement_window().unwrap_or(STATEMENT_WINDOW)),
-        None => statement,
-    }
-}
-
 /// Connects as [`connect`] does, under the same deadline, without touching the schema: for
 /// `doctor`, which only looks ([`Db::inspect`]).
 pub async fn connect_to_inspect(

@@ -110,6 +110,11 @@ impl Db {
         Ok(())
     }
 
+    /// Whether the schema was checked on this connection (see [`Db::unchecked`]).
+    pub fn schema_checked(&self) -> bool {
+        self.unchecked.is_none()
+    }
+
     /// The schema was found current; `pooling` is how the session reaches its server.
     pub(super) fn settle(&mut self, pooling: Pooling) {
         self.pooling = pooling;

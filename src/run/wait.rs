@@ -140,9 +140,7 @@ pub(super) async fn obtain(
     };
     let mut first = true;
     let result = loop {
-        // The first attempt may carry the schema check, and with it a migration.
-        let limit = crate::db::deadline::first_attempt(db, STATEMENT_DEADLINE);
-        let attempt = bounded(Instant::now() + limit, w.attempt(db, cfg, me));
+        let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
         // Any --wait tries at least once, however short or already spent.
         let limit = match give_up_at {
             Some(g) if first => Some(g.max(Instant::now() + FIRST_TRY)),
@@ -153,9 +151,23 @@ pub(super) async fn obtain(
             Ok(a) => a,
             Err(why) => break Ok(w.interrupted(why, cfg)),
         };
+        // The schema check (and a migration it may need) is bounded by its own window, as
+        // connecting bounded it, not by the acquiring statement's deadline.
+        let attempt = match attempt {
+            Ok(Attempt::CheckSchema) => {
+                let check = crate::db::deadline::check_schema(db);
+                match interruptible(check, signals, give_up_at).await {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(e)) => Err(e),
+                    Err(why) => break Ok(w.interrupted(why, cfg)),
+                }
+            }
+            other => other,
+        };
         let wake = match attempt {
             Ok(Attempt::Done(obtained)) => break Ok(obtained),
-            Ok(Attempt::Again) => continue,
+            // (A schema check was made above.)
+            Ok(Attempt::Again | Attempt::CheckSchema) => continue,
             Ok(Attempt::Wait(busy)) => {
                 if cfg.wait.is_none() {
                     if !cfg.quiet {
@@ -310,6 +322,8 @@ enum Attempt {
     Again,
     /// Busy: the holder and the queue.
     Wait(Busy),
+    /// The schema is to be checked (and perhaps migrated) first; then try again.
+    CheckSchema,
 }
 
 impl Waiter {
@@ -319,8 +333,8 @@ impl Waiter {
                 return Ok(Attempt::Done(Obtained::Done(exit)));
             }
         }
-        let mut sent = Instant::now();
-        let granted = |lease, listening, ticket, sent| {
+        let sent = Instant::now();
+        let granted = |lease, listening, ticket| {
             Ok(Attempt::Done(Obtained::Lease(Granted {
                 lease,
                 sent,
@@ -338,11 +352,14 @@ impl Waiter {
             ticket: self.ticket,
             max_holders: cfg.max_holders,
         };
-        let busy = match self.acquire(db, cfg, &who, &mut sent).await? {
-            Acquired::Held(l) => return granted(l, self.listening, self.ticket, sent),
+        let Some(acquired) = self.acquire(db, cfg, &who).await? else {
+            return Ok(Attempt::CheckSchema);
+        };
+        let busy = match acquired {
+            Acquired::Held(l) => return granted(l, self.listening, self.ticket),
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
-                    Acquired::Held(l) => granted(l, self.listening, self.ticket, sent),
+                    Acquired::Held(l) => granted(l, self.listening, self.ticket),
                     Acquired::Mismatch { in_force } => Err(mismatch(cfg, in_force)),
                     Acquired::Busy(_) => Ok(Attempt::Again),
                 };
@@ -443,34 +460,32 @@ impl Waiter {
     /// The acquiring statement. On a connection whose schema is still unchecked (the first
     /// attempt of a run), it goes in one flight with the check and the LISTEN that the
     /// heartbeat or the wait would send next ([`Db::first`]): one round trip for all three.
-    /// Where it cannot (`--max-holders` above 1 opens a transaction of its own), or when the
-    /// flight did not commit, the schema is checked (and migrated) first, as a connection
-    /// always did, and the statement sent alone.
-    ///
-    /// `sent` is when the acquiring statement went out, moved to its second sending on the old
-    /// path: the lease's deadline counts from it, and the database's clock is mapped to ours by
-    /// it (a migration in between must not shift the run's recorded times).
+    /// `None` when the schema must be checked (and perhaps migrated) first, as a connection
+    /// always did, before the statement is sent alone: the flight did not commit, or the
+    /// statement cannot go in it (`--max-holders` above 1 opens a transaction of its own).
     async fn acquire(
         &mut self,
         db: &mut Db,
         cfg: &RunConfig,
         who: &Contender<'_>,
-        sent: &mut Instant,
-    ) -> Result<Acquired> {
-        if cfg.max_holders == 1 {
+    ) -> Result<Option<Acquired>> {
+        if !db.schema_checked() {
+            if cfg.max_holders > 1 {
+                return Ok(None);
+            }
             let work = leases::acquire(&db.client, &db.schema, &cfg.target, who);
-            match crate::db::deadline::first(db, db.first(work)).await? {
+            return match crate::db::deadline::first(db, db.first(work)).await? {
                 First::Committed(c) => {
                     let (acquired, listening) = db.accept(c);
                     self.listening |= listening;
-                    return Ok(acquired);
+                    Ok(Some(acquired))
                 }
-                First::Redo => {}
-            }
+                First::Redo => Ok(None),
+            };
         }
-        crate::db::deadline::check_schema(db).await?;
-        *sent = Instant::now();
-        leases::acquire(&db.client, &db.schema, &cfg.target, who).await
+        leases::acquire(&db.client, &db.schema, &cfg.target, who)
+            .await
+            .map(Some)
     }
 
     /// Shows where we stand: on a terminal in the spinner; otherwise one line every
