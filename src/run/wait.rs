@@ -74,6 +74,10 @@ pub(super) struct Resume {
 /// limit already spent on connecting) still tries once.
 const FIRST_TRY: Duration = Duration::from_millis(250);
 
+/// How long the schema check of a waiter's first attempt may take past `--wait`'s limit, as
+/// its connection may (a schema's first use migrates it).
+const FIRST_CHECK: Duration = Duration::from_secs(2);
+
 /// How long a waiter that gives up (or is interrupted) may spend leaving the queue: a row left
 /// behind costs the others only its TTL, and the exit is promised within `--wait` + 0.5 s.
 const LEAVE_QUICKLY: Duration = Duration::from_millis(250);
@@ -155,9 +159,15 @@ pub(super) async fn obtain(
         // connecting bounded it, not by the acquiring statement's deadline.
         let attempt = match attempt {
             Ok(Attempt::CheckSchema) => {
+                // However short `--wait`, the check gets the time connecting had for it, and
+                // the acquisition after it counts as a first try again.
                 let check = crate::db::deadline::check_schema(db);
-                match interruptible(check, signals, give_up_at).await {
-                    Ok(Ok(())) => continue,
+                let limit = give_up_at.map(|g| g.max(Instant::now() + FIRST_CHECK));
+                match interruptible(check, signals, limit).await {
+                    Ok(Ok(())) => {
+                        first = true;
+                        continue;
+                    }
                     Ok(Err(e)) => Err(e),
                     Err(why) => break Ok(w.interrupted(why, cfg)),
                 }
