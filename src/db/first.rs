@@ -11,19 +11,18 @@
 //! holds for any error in the flight: a transaction whose every statement succeeded is the only
 //! one that commits.
 //!
-//! The LISTEN goes only where LISTEN works (see [`super::session`]): not when the session is
-//! known to be pooled; when it is known to be direct, as is; otherwise on the condition the
-//! probe would judge it by (our `statement_timeout` applied), checked by the database in the
-//! same flight.
+//! The LISTEN goes in the flight only when the session is known to be direct (see
+//! [`super::session`]: `LEASECTL_POOLER=none`). Where that is known only from the check's
+//! answer, the heartbeat sends it while the command runs, as it does after waiting.
 
 use std::future::Future;
 
 use anyhow::Result;
 use tokio_postgres::SimpleQueryMessage;
 
-use super::connect::STATEMENT_TIMEOUT;
 use super::{is_unavailable, session, Db, Pooling};
 use crate::error::Failure;
+use Pooling::{Direct, Pooled};
 
 /// Whether `e` says the database is unavailable (its first typed cause, as the exit code
 /// would judge it).
@@ -55,7 +54,7 @@ pub enum First<T> {
 /// A first transaction that committed (see [`First::Committed`]).
 pub struct Committed<T> {
     value: T,
-    /// The LISTEN was sent (and on the DO block's condition, may have been skipped).
+    /// The LISTEN was sent in the flight.
     listen_sent: bool,
     pooling: Pooling,
 }
@@ -77,14 +76,12 @@ impl Db {
         let begin = super::migrate::begin_if_current(&self.schema);
         let channel = self.schema.lease_channel().replace('"', "\"\"");
         let listen = match known {
-            Some(Pooling::Pooled) => None,
-            Some(Pooling::Direct) => Some(format!("LISTEN \"{channel}\"")),
-            // The quoting of the channel is doubled once more inside the DO block's literal.
-            None => Some(format!(
-                "DO $leasectl$ BEGIN IF current_setting('statement_timeout') = '{STATEMENT_TIMEOUT}' \
-                 THEN EXECUTE 'LISTEN \"{}\"'; END IF; END $leasectl$",
-                channel.replace('\'', "''")
-            )),
+            Some(Direct) => Some(format!("LISTEN \"{channel}\"")),
+            // Not known yet (the check in this flight tells): no LISTEN here, the caller's
+            // heartbeat sends it once the session is judged direct, while the command runs.
+            // Deciding in the database instead takes a DO block, and loading PL/pgSQL into
+            // the fresh server process costs more than the whole rest of the flight.
+            Some(Pooled) | None => None,
         };
         let client = &self.client;
         // Polled in this order, each sends its request before any answer is awaited, so the
