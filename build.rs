@@ -26,15 +26,6 @@ fn main() {
     };
     println!("cargo:rustc-env=BUILT_FROM_COMMIT={suffix}");
     migration_sums();
-    // The executable is linked at a fixed address (not position-independent) on Linux: a PIE
-    // makes the loader apply every absolute address in the binary at each start (37,000
-    // relocations here, most of them in chrono-tz's zone tables, which `run` never reads), which
-    // cost a fifth of a `run`'s instructions and left 1.1 MiB of copied pages resident in a
-    // holding `run`. The price is that the executable's own code is not randomised in memory
-    // (the libraries, heap and stack still are).
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo:rustc-link-arg-bins=-no-pie");
-    }
 }
 
 /// Writes `$OUT_DIR/migration_sums.rs`: `SUMS`, each `migrations/*.sql` file's name and the
