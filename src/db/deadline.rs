@@ -95,6 +95,47 @@ pub async fn connect(database_url: Option<&str>, schema: &str) -> Result<Db> {
     .await
 }
 
+/// Connects as [`connect`] does, under the same deadline, leaving the schema check to the first
+/// transaction ([`Db::first`]) or to [`check_schema`]: for `run`, whose acquisition carries it.
+pub async fn connect_unchecked(database_url: Option<&str>, schema: &str) -> Result<Db> {
+    let settings = Settings::new(database_url)?;
+    bounded(settings, |settings| {
+        Db::unchecked(settings, Schema::new(schema))
+    })
+    .await
+}
+
+/// [`Db::check_schema`] within the statement window (a schema's first use migrates it), as
+/// [`connect`] bounds it.
+pub async fn check_schema(db: &mut Db) -> Result<()> {
+    let (window, what) = schema_window(db)?;
+    match tokio::time::timeout(window, db.check_schema()).await {
+        Ok(checked) => checked,
+        Err(_) => Err(Failure::Unavailable(what).into()),
+    }
+}
+
+/// Runs `first` (a [`Db::first`] transaction, which carries the schema check) within the
+/// statement window, as [`check_schema`] bounds the check alone.
+pub async fn first<T>(db: &Db, first: impl Future<Output = Result<T>>) -> Result<T> {
+    let (window, what) = schema_window(db)?;
+    match tokio::time::timeout(window, first).await {
+        Ok(done) => done,
+        Err(_) => Err(Failure::Unavailable(what).into()),
+    }
+}
+
+/// How long the schema check may take, and what to say when it took longer (as [`bounded`]).
+fn schema_window(db: &Db) -> Result<(Duration, String)> {
+    let window = statement_window()?;
+    let what = format!(
+        "no answer from PostgreSQL at {} within {} (LEASECTL_STATEMENT_TIMEOUT)",
+        db.settings.describe(),
+        crate::fmt::duration(window)
+    );
+    Ok((window, what))
+}
+
 /// Connects as [`connect`] does, under the same deadline, without touching the schema: for
 /// `doctor`, which only looks ([`Db::inspect`]).
 pub async fn connect_to_inspect(

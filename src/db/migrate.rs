@@ -177,6 +177,40 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
         .unwrap_or_default())
 }
 
+/// The statement that opens a pipelined first transaction ([`super::first`]): `BEGIN`, then the
+/// session's `statement_timeout` (the column `statement_timeout`), and a division by zero
+/// unless the ledger is exactly this binary's, every version with its checksum. The error
+/// aborts the transaction, so nothing sent after it in the same flight takes effect; the
+/// caller then takes [`migrate`]'s path, which creates, upgrades or refuses with its own
+/// messages. The comparison is the database's, so no round trip waits for it.
+pub fn begin_if_current(schema: &Schema) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut expected = String::with_capacity(MIGRATIONS.len() * 100);
+    for m in MIGRATIONS {
+        if !expected.is_empty() {
+            expected.push(',');
+        }
+        expected.push_str(&m.version.to_string());
+        expected.push(':');
+        for b in m.checksum() {
+            expected.push(char::from(HEX[usize::from(b >> 4)]));
+            expected.push(char::from(HEX[usize::from(b & 15)]));
+        }
+    }
+    // The literal holds digits, ':', ',' and hex only. A row without a checksum (a ledger from
+    // before checksums, or a version from a newer leasectl written by hand) must not drop out
+    // of the list, hence the coalesce. The divisor depends on rows read at run time, so the
+    // planner cannot fold the error into every execution.
+    schema.sql(&format!(
+        "BEGIN;
+         SELECT current_setting('statement_timeout') AS statement_timeout,
+                1 / (SELECT CASE WHEN string_agg(version || ':' || coalesce(encode(checksum, 'hex'), '-'),
+                                                 ',' ORDER BY version) = '{expected}'
+                                 THEN 1 ELSE 0 END
+                       FROM {{s}}.schema_migrations) AS current"
+    ))
+}
+
 /// What a schema's ledger says, read without changing anything (for `leasectl doctor`, which
 /// must never migrate).
 #[derive(Debug, Clone, PartialEq, Eq)]

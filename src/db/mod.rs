@@ -8,6 +8,7 @@
 pub mod connect;
 pub mod conninfo;
 pub mod deadline;
+pub mod first;
 pub mod migrate;
 pub mod notify;
 pub mod pgpass;
@@ -61,6 +62,9 @@ pub struct Db {
     pooling: Pooling,
     /// The task that drives the connection's socket.
     driver: tokio::task::AbortHandle,
+    /// Opened by [`Db::unchecked`] and the schema not checked yet: what the connection told
+    /// about pooling so far (`pooling` is then `Pooled`, the assumption that never LISTENs).
+    unchecked: Option<Option<Pooling>>,
 }
 
 impl Db {
@@ -76,7 +80,45 @@ impl Db {
             settings,
             pooling: session::judge(known, &statement_timeout),
             driver,
+            unchecked: None,
         })
+    }
+
+    /// Connects without checking the schema yet: the check goes with the first transaction
+    /// ([`Db::first`]), or [`Db::check_schema`] makes it. Nothing may touch the tables before.
+    pub async fn unchecked(settings: Settings, schema: Schema) -> Result<Db> {
+        let settings = Arc::new(settings);
+        let (client, (notifications, driver), known) = session::open(&settings, None).await?;
+        Ok(Db {
+            client,
+            notifications,
+            schema,
+            settings,
+            pooling: Pooling::Pooled,
+            driver,
+            unchecked: Some(known),
+        })
+    }
+
+    /// Brings the schema up to date, as [`Db::connect`] does, if that is still to be done.
+    pub async fn check_schema(&mut self) -> Result<()> {
+        let Some(known) = self.unchecked else {
+            return Ok(());
+        };
+        let statement_timeout = migrate(&mut self.client, &self.schema).await?;
+        self.settle(session::judge(known, &statement_timeout));
+        Ok(())
+    }
+
+    /// Whether the schema was checked on this connection (see [`Db::unchecked`]).
+    pub fn schema_checked(&self) -> bool {
+        self.unchecked.is_none()
+    }
+
+    /// The schema was found current; `pooling` is how the session reaches its server.
+    pub(super) fn settle(&mut self, pooling: Pooling) {
+        self.pooling = pooling;
+        self.unchecked = None;
     }
 
     /// Connects without touching the schema (no migration, no ledger read), for `leasectl
@@ -92,6 +134,7 @@ impl Db {
             settings,
             pooling,
             driver,
+            unchecked: None,
         };
         Ok((db, detected))
     }
@@ -102,10 +145,13 @@ impl Db {
     }
 
     /// Opens a fresh connection with the same settings (the schema is already migrated, and
-    /// whether a pooler is in between is known).
+    /// whether a pooler is in between is known, unless the schema is still unchecked).
     pub async fn reconnect(&mut self) -> Result<()> {
-        let (client, (notifications, driver), _) =
-            session::open(&self.settings, Some(self.pooling)).await?;
+        let known = self.unchecked.unwrap_or(Some(self.pooling));
+        let (client, (notifications, driver), known) = session::open(&self.settings, known).await?;
+        if self.unchecked.is_some() {
+            self.unchecked = Some(known);
+        }
         self.client = client;
         self.notifications = notifications;
         self.driver = driver;
@@ -124,6 +170,7 @@ impl Db {
             settings: self.settings.clone(),
             pooling: self.pooling,
             driver,
+            unchecked: self.unchecked,
         })
     }
 

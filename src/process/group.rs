@@ -43,6 +43,8 @@ pub struct Options {
 /// A child process leading (or, with a watchdog, in) a process group of its own.
 pub struct Group {
     child: tokio::process::Child,
+    /// The direct child's pid (see [`Group::has_leftovers`]).
+    pid: i32,
     pgid: Pid,
     status: Option<ExitStatus>,
     /// Dropped after the group is dealt with: stand the watchdog down, give the terminal back.
@@ -104,6 +106,7 @@ impl Group {
             .map_or(Pid::from_raw(pid as i32), |w| w.pid);
         Ok(Group {
             child,
+            pid: pid as i32,
             pgid,
             status: None,
             watchdog,
@@ -189,7 +192,18 @@ impl Group {
     /// True while any live process other than the watchdog remains in the command's group.
     /// Zombies do not count: they run nothing (an init that reaps late must not make us wait
     /// out the grace for processes that are already gone).
+    ///
+    /// The common case is a command that started nothing, and it costs one small read instead
+    /// of a look at every process on the machine: while the pid namespace's last allocated pid
+    /// is still the child's, no process (or thread) was created anywhere since the child, so
+    /// the child left nothing in its group: the watchdog was forked before the child, and
+    /// whatever the command starts is created after it. (A process from outside the command
+    /// could join the group only by its own `setpgid`; it is not the command's leftover — and a
+    /// run SIGKILLs its whole group at the end in any case, [`Group::end_now`].)
     pub fn has_leftovers(&self) -> bool {
+        if last_pid() == Some(self.pid) {
+            return false;
+        }
         group_has_live_members(self.pgid, self.watchdog.as_ref().map(|w| w.pid))
     }
 
@@ -226,6 +240,15 @@ impl Drop for Group {
             let _ = self.child.start_kill();
         }
     }
+}
+
+/// The pid the kernel allocated last in our pid namespace (`/proc/sys/kernel/ns_last_pid`), if
+/// it can be read.
+fn last_pid() -> Option<i32> {
+    let mut buf = [0u8; 24];
+    let mut f = std::fs::File::open("/proc/sys/kernel/ns_last_pid").ok()?;
+    let n = std::io::Read::read(&mut f, &mut buf).ok()?;
+    std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()
 }
 
 /// Whether a process other than `except` and not a zombie is in process group `pgid`, from
@@ -387,15 +410,20 @@ struct Title {
 
 impl Title {
     fn prepare() -> Title {
-        let area = std::fs::read_to_string("/proc/self/stat")
+        // One read into a buffer that fits any stat line (a few hundred bytes), where
+        // read_to_string probes with small reads, each making the kernel format the line again.
+        let mut buf = [0u8; 4096];
+        let stat = std::fs::File::open("/proc/self/stat")
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
             .ok()
-            .and_then(|stat| {
-                // state is field 3, arg_start 48 and arg_end 49.
-                let mut rest = stat_fields(&stat).skip(45);
-                let start: usize = rest.next()?.parse().ok()?;
-                let end: usize = rest.next()?.parse().ok()?;
-                (end > start).then_some((start, end - start))
-            });
+            .and_then(|n| std::str::from_utf8(&buf[..n]).ok());
+        let area = stat.and_then(|stat| {
+            // state is field 3, arg_start 48 and arg_end 49.
+            let mut rest = stat_fields(stat).skip(45);
+            let start: usize = rest.next()?.parse().ok()?;
+            let end: usize = rest.next()?.parse().ok()?;
+            (end > start).then_some((start, end - start))
+        });
         let text = format!(
             "leasectl-watch (kills the command's group if leasectl pid {} dies)",
             std::process::id()
@@ -500,5 +528,38 @@ mod tests {
         }
         drop(group);
         assert_eq!(state(watchdog), None, "the drop reaps the watchdog");
+    }
+
+    /// A command that exits leaving a process behind in its group is found out, the quick
+    /// check on the last allocated pid notwithstanding; once that process is gone, nothing is.
+    #[tokio::test]
+    async fn a_process_left_behind_is_found_and_then_not() {
+        let opts = Options {
+            watchdog: true,
+            terminal: false,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("bg");
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("sleep 30 & echo $! > '{}'", pidfile.display()));
+        let mut group = Group::spawn(cmd, opts).unwrap();
+        assert!(group.wait().await.success());
+        assert!(group.has_leftovers(), "the sleep left behind is not found");
+        let bg: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(state(Pid::from_raw(bg)).is_some());
+        let stopped = group
+            .end_leftovers(Instant::now() + Duration::from_secs(10))
+            .await;
+        assert!(stopped);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while group.has_leftovers() {
+            assert!(std::time::Instant::now() < deadline, "still has leftovers");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }

@@ -18,9 +18,13 @@
 //!
 //! A leasectl that is SIGKILLed cannot remove its directory. So the directory also holds a
 //! `lock` file that the owner keeps `flock`ed (not inherited by the command: close-on-exec), and
-//! every new run sweeps the directories of the same user whose lock nobody holds — their owner is
+//! a sweep removes the directories of the same user whose lock nobody holds — their owner is
 //! gone, whatever pid namespace it ran in — once they are older than `SWEEP_AFTER` (a directory
-//! that young may be one whose owner has not locked it yet).
+//! that young may be one whose owner has not locked it yet). The sweep reads the whole
+//! temporary directory and opens every stale entry, so it is not on every run's path: one run in
+//! `SWEEP_ONE_IN`, drawn at random, sweeps (abandoned directories are rare — only a SIGKILLed
+//! run leaves one — so they still go soon, and never pile up), and so does any run whose
+//! directory cannot be created (the temporary directory may be full of them).
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
@@ -56,6 +60,9 @@ const NEVER_BLOCK: OFlag = OFlag::O_RDONLY
 /// How old an unlocked directory must be before a sweep removes it.
 const SWEEP_AFTER: Duration = Duration::from_secs(60);
 
+/// One run in this many sweeps (see the module docs).
+const SWEEP_ONE_IN: u32 = 32;
+
 /// The file and its private directory, removed when dropped.
 pub struct EventsFile {
     dir: PathBuf,
@@ -77,11 +84,25 @@ pub enum JobEvents {
 }
 
 impl EventsFile {
-    /// Creates the directory, its lock and the empty file under the temporary directory, after
-    /// sweeping the directories that SIGKILLed runs left behind.
+    /// Creates the directory, its lock and the empty file under the temporary directory; one
+    /// run in [`SWEEP_ONE_IN`] first sweeps the directories that SIGKILLed runs left behind, and
+    /// a creation that fails sweeps and tries once more.
     pub fn create() -> io::Result<EventsFile> {
         let tmp = std::env::temp_dir();
-        sweep(&tmp);
+        let swept = sweep_due(fastrand::u32(..sweep_one_in()));
+        if swept {
+            sweep(&tmp);
+        }
+        match Self::create_in(&tmp) {
+            Err(_) if !swept => {
+                sweep(&tmp);
+                Self::create_in(&tmp)
+            }
+            created => created,
+        }
+    }
+
+    fn create_in(tmp: &Path) -> io::Result<EventsFile> {
         let dir = tmp.join(format!(
             "{PREFIX}{}-{:016x}",
             std::process::id(),
@@ -222,6 +243,22 @@ fn fill(dir: &Path) -> io::Result<(File, PathBuf, Flock<File>)> {
         .mode(0o600)
         .open(&path)?;
     Ok((dir_fd, path, lock))
+}
+
+/// [`SWEEP_ONE_IN`], or in debug builds `LEASECTL_TEST_SWEEP_ONE_IN` (tests make every run
+/// sweep with 1).
+fn sweep_one_in() -> u32 {
+    let test = std::env::var("LEASECTL_TEST_SWEEP_ONE_IN")
+        .ok()
+        .filter(|_| cfg!(debug_assertions))
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0);
+    test.unwrap_or(SWEEP_ONE_IN)
+}
+
+/// Whether this run sweeps, given a number drawn uniformly below [`sweep_one_in`].
+fn sweep_due(draw: u32) -> bool {
+    draw == 0
 }
 
 /// Removes this user's event directories under `tmp` whose owner is gone: older than
@@ -416,6 +453,14 @@ mod tests {
             .set_modified(SystemTime::now() - age)
             .unwrap();
         dir
+    }
+
+    /// The sweep is off the common path: about one run in `SWEEP_ONE_IN`, not every run.
+    #[test]
+    fn one_run_in_sweep_one_in_sweeps() {
+        let due = (0..SWEEP_ONE_IN).filter(|d| sweep_due(*d)).count();
+        assert_eq!(due, 1);
+        const { assert!(SWEEP_ONE_IN >= 16) };
     }
 
     #[test]

@@ -90,11 +90,20 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         mut signals,
         mut db,
         give_up_at,
-    } = match start(db_args, &cfg).await? {
+    } = match start(db_args, &cfg, true).await? {
         Ok(s) => s,
         Err(exit) => return Ok(exit),
     };
     let me = Me::new();
+    // The plain acquisition carries the schema check in its own transaction (see
+    // `wait::obtain`); anything that reads or writes before it checks the schema first.
+    if cfg.token.is_some() || cfg.reuse_within.is_some() {
+        let checked = tokio::select! {
+            r = crate::db::deadline::check_schema(&mut db) => r,
+            sig = signals.recv() => return Ok(Exit::from_signal(sig)),
+        };
+        checked?;
+    }
     if let Some(token) = cfg.token {
         return steps::step(&mut db, cfg, &me, token, &mut signals, give_up_at).await;
     }

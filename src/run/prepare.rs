@@ -34,7 +34,13 @@ pub(super) struct Started {
     pub(super) give_up_at: Option<Instant>,
 }
 
-pub(super) async fn start(db_args: &DbArgs, cfg: &RunConfig) -> Result<Result<Started, Exit>> {
+/// `unchecked`: the schema check is left to the caller's first transaction (see
+/// [`crate::db::first`]) or its own [`crate::db::deadline::check_schema`].
+pub(super) async fn start(
+    db_args: &DbArgs,
+    cfg: &RunConfig,
+    unchecked: bool,
+) -> Result<Result<Started, Exit>> {
     let mut signals = Signals::install()?;
     let started = Instant::now();
     // `--wait=DUR` counts from the start, across connecting and every attempt.
@@ -43,7 +49,7 @@ pub(super) async fn start(db_args: &DbArgs, cfg: &RunConfig) -> Result<Result<St
         _ => None,
     };
     let db = tokio::select! {
-        db = connect(db_args, cfg, give_up_at) => match db? {
+        db = connect(db_args, cfg, give_up_at, unchecked) => match db? {
             Some(db) => db,
             None => return Ok(Err(Exit::Busy(cfg.busy_exit_code))),
         },
@@ -131,11 +137,20 @@ async fn connect(
     db_args: &DbArgs,
     cfg: &RunConfig,
     give_up_at: Option<Instant>,
+    unchecked: bool,
 ) -> Result<Option<Db>> {
+    let open = || {
+        let (url, schema) = (db_args.database_url.as_deref(), db_args.schema.as_str());
+        async move {
+            if unchecked {
+                crate::db::deadline::connect_unchecked(url, schema).await
+            } else {
+                crate::db::deadline::connect(url, schema).await
+            }
+        }
+    };
     if cfg.wait.is_none() {
-        return crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema)
-            .await
-            .map(Some);
+        return open().await.map(Some);
     }
     let started = Instant::now();
     let mut backoff = Duration::from_millis(200);
@@ -143,8 +158,7 @@ async fn connect(
     loop {
         // The first attempt is made however short the limit; later ones only within it.
         let limit = give_up_at.map(|g| g.max(started + FIRST_CONNECT));
-        let attempt =
-            crate::db::deadline::connect(db_args.database_url.as_deref(), &db_args.schema);
+        let attempt = open();
         let e = match limit {
             Some(l) => match tokio::time::timeout_at(l, attempt).await {
                 Ok(r) => r,

@@ -41,7 +41,7 @@ pub async fn acquire(db_args: &DbArgs, args: AcquireArgs) -> Result<Exit> {
         mut signals,
         mut db,
         give_up_at,
-    } = match start(db_args, &cfg).await? {
+    } = match start(db_args, &cfg, false).await? {
         Ok(s) => s,
         Err(exit) => return Ok(exit),
     };

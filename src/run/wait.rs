@@ -18,6 +18,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::{bounded, is_unavailable, print_stdout, Me, STATEMENT_DEADLINE};
 use crate::config::RunConfig;
+use crate::db::first::First;
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
 use crate::model::flags::Wait;
@@ -72,6 +73,10 @@ pub(super) struct Resume {
 /// How long the first attempt of a waiter may take past `--wait`'s limit: `--wait=0s` (or any
 /// limit already spent on connecting) still tries once.
 const FIRST_TRY: Duration = Duration::from_millis(250);
+
+/// How long the schema check of a waiter's first attempt may take past `--wait`'s limit, as
+/// its connection may (a schema's first use migrates it).
+const FIRST_CHECK: Duration = Duration::from_secs(2);
 
 /// How long a waiter that gives up (or is interrupted) may spend leaving the queue: a row left
 /// behind costs the others only its TTL, and the exit is promised within `--wait` + 0.5 s.
@@ -150,9 +155,29 @@ pub(super) async fn obtain(
             Ok(a) => a,
             Err(why) => break Ok(w.interrupted(why, cfg)),
         };
+        // The schema check (and a migration it may need) is bounded by its own window, as
+        // connecting bounded it, not by the acquiring statement's deadline.
+        let attempt = match attempt {
+            Ok(Attempt::CheckSchema) => {
+                // However short `--wait`, the check gets the time connecting had for it, and
+                // the acquisition after it counts as a first try again.
+                let check = crate::db::deadline::check_schema(db);
+                let limit = give_up_at.map(|g| g.max(Instant::now() + FIRST_CHECK));
+                match interruptible(check, signals, limit).await {
+                    Ok(Ok(())) => {
+                        first = true;
+                        continue;
+                    }
+                    Ok(Err(e)) => Err(e),
+                    Err(why) => break Ok(w.interrupted(why, cfg)),
+                }
+            }
+            other => other,
+        };
         let wake = match attempt {
             Ok(Attempt::Done(obtained)) => break Ok(obtained),
-            Ok(Attempt::Again) => continue,
+            // (A schema check was made above.)
+            Ok(Attempt::Again | Attempt::CheckSchema) => continue,
             Ok(Attempt::Wait(busy)) => {
                 if cfg.wait.is_none() {
                     if !cfg.quiet {
@@ -307,6 +332,8 @@ enum Attempt {
     Again,
     /// Busy: the holder and the queue.
     Wait(Busy),
+    /// The schema is to be checked (and perhaps migrated) first; then try again.
+    CheckSchema,
 }
 
 impl Waiter {
@@ -335,7 +362,10 @@ impl Waiter {
             ticket: self.ticket,
             max_holders: cfg.max_holders,
         };
-        let busy = match leases::acquire(&db.client, &db.schema, &cfg.target, &who).await? {
+        let Some(acquired) = self.acquire(db, cfg, &who).await? else {
+            return Ok(Attempt::CheckSchema);
+        };
+        let busy = match acquired {
             Acquired::Held(l) => return granted(l, self.listening, self.ticket),
             Acquired::Busy(_) if cfg.replace => {
                 return match leases::replace(&db.client, &db.schema, &cfg.target, &who).await? {
@@ -435,6 +465,37 @@ impl Waiter {
             }
         }
         Ok(Attempt::Wait(busy))
+    }
+
+    /// The acquiring statement. On a connection whose schema is still unchecked (the first
+    /// attempt of a run), it goes in one flight with the check and the LISTEN that the
+    /// heartbeat or the wait would send next ([`Db::first`]): one round trip for all three.
+    /// `None` when the schema must be checked (and perhaps migrated) first, as a connection
+    /// always did, before the statement is sent alone: the flight did not commit, or the
+    /// statement cannot go in it (`--max-holders` above 1 opens a transaction of its own).
+    async fn acquire(
+        &mut self,
+        db: &mut Db,
+        cfg: &RunConfig,
+        who: &Contender<'_>,
+    ) -> Result<Option<Acquired>> {
+        if !db.schema_checked() {
+            if cfg.max_holders > 1 {
+                return Ok(None);
+            }
+            let work = leases::acquire(&db.client, &db.schema, &cfg.target, who);
+            return match crate::db::deadline::first(db, db.first(work)).await? {
+                First::Committed(c) => {
+                    let (acquired, listening) = db.accept(c);
+                    self.listening |= listening;
+                    Ok(Some(acquired))
+                }
+                First::Redo => Ok(None),
+            };
+        }
+        leases::acquire(&db.client, &db.schema, &cfg.target, who)
+            .await
+            .map(Some)
     }
 
     /// Shows where we stand: on a terminal in the spinner; otherwise one line every

@@ -201,8 +201,9 @@ fn events_of_a_command_that_finished_after_a_takeover_are_fenced_out_by_the_save
     );
 }
 
-/// A SIGKILLed leasectl cannot remove its `LEASECTL_EVENTS` directory; the next run on the
-/// machine does, once it is old enough, and leaves a live run's directory alone.
+/// A SIGKILLed leasectl cannot remove its `LEASECTL_EVENTS` directory; a later run's sweep on the
+/// machine does, once it is old enough, and leaves a live run's directory alone. (One run in 32
+/// sweeps; `LEASECTL_TEST_SWEEP_ONE_IN=1` makes this one.)
 #[test]
 fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
     let env = Env::new();
@@ -241,6 +242,7 @@ fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
     let o = env
         .command()
         .env("TMPDIR", &tmp)
+        .env("LEASECTL_TEST_SWEEP_ONE_IN", "1")
         .args(["run", "--target", "c", "--", "true"])
         .output_in_time();
     assert_eq!(code(&o), 0, "{}", stderr(&o));

@@ -1,0 +1,176 @@
+//! How many round trips a command makes: a TCP proxy in front of the test database that records
+//! every chunk each side sends, in the order it read them, and splits what the client sent into
+//! the frontend messages of the PostgreSQL protocol.
+//!
+//! A *flight* is what the client sends between two answers of the server: the client's
+//! messages up to the next byte from the server. Statements that tokio-postgres pipelines go in
+//! one flight; a statement sent only after an answer starts another. The server answers a
+//! flight only once it has read it, and the client sends the next only once it has read that
+//! answer, so the order of the record is the order on the wire.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One chunk as read: which connection, from the client (or the server), the bytes.
+type Chunk = (usize, bool, Vec<u8>);
+
+/// One frontend message: its type byte (0 in the startup phase) and body.
+pub type Message = (u8, Vec<u8>);
+
+/// What the client sent between two answers of the server.
+pub type Flight = Vec<Message>;
+
+pub struct Recorder {
+    pub port: u16,
+    log: Arc<Mutex<Vec<Chunk>>>,
+}
+
+/// The test database's server as a `host:port` the proxy can reach.
+fn upstream() -> String {
+    std::env::var("LEASECTL_TEST_PG_TCP").unwrap_or_else(|_| "127.0.0.1:5432".to_owned())
+}
+
+impl Recorder {
+    pub fn start() -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for (id, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(upstream()) else {
+                    continue;
+                };
+                for s in [&client, &server] {
+                    s.set_nodelay(true).unwrap();
+                }
+                pump(
+                    id,
+                    true,
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    &l,
+                );
+                pump(id, false, server, client, &l);
+            }
+        });
+        Recorder { port, log }
+    }
+
+    /// A libpq connection string to the test database through the proxy, without TLS (the
+    /// messages must be readable).
+    pub fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} dbname=leasectl_test sslmode=disable user={}",
+            self.port,
+            nix::unistd::User::from_uid(nix::unistd::geteuid())
+                .unwrap()
+                .unwrap()
+                .name
+        )
+    }
+
+    /// The flights of every connection so far, in order: each flight is its frontend
+    /// messages, as (type byte, body). Startup-phase packets have type 0.
+    pub fn flights(&self) -> Vec<Vec<Flight>> {
+        let log = self.log.lock().unwrap().clone();
+        let conns = log.iter().map(|c| c.0 + 1).max().unwrap_or(0);
+        (0..conns)
+            .map(|id| {
+                let mut flights: Vec<Vec<u8>> = Vec::new();
+                let mut last_from_client = false;
+                for (_, from_client, bytes) in log.iter().filter(|c| c.0 == id) {
+                    if *from_client {
+                        if !last_from_client {
+                            flights.push(Vec::new());
+                        }
+                        flights.last_mut().unwrap().extend_from_slice(bytes);
+                    }
+                    last_from_client = *from_client;
+                }
+                split(&flights)
+            })
+            .collect()
+    }
+}
+
+/// Splits each flight's bytes into frontend messages; the stream starts in the startup phase
+/// (untyped packets: SSL and GSS requests, then the startup message).
+fn split(flights: &[Vec<u8>]) -> Vec<Flight> {
+    let mut started = false;
+    let mut out = Vec::new();
+    for bytes in flights {
+        let mut msgs = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let (kind, len_at) = if started {
+                (bytes[at], at + 1)
+            } else {
+                (0, at)
+            };
+            let len = u32::from_be_bytes(bytes[len_at..len_at + 4].try_into().unwrap()) as usize;
+            let body = bytes[len_at + 4..len_at + len].to_vec();
+            if !started {
+                let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+                // SSLRequest and GSSENCRequest come before the startup message.
+                started = code != 80_877_103 && code != 80_877_104;
+            }
+            msgs.push((kind, body));
+            at = len_at + len;
+        }
+        out.push(msgs);
+    }
+    out
+}
+
+fn pump(
+    id: usize,
+    from_client: bool,
+    mut from: TcpStream,
+    mut to: TcpStream,
+    log: &Arc<Mutex<Vec<Chunk>>>,
+) {
+    let log = log.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            // Recorded before it is passed on: an answer to it can only come after.
+            log.lock()
+                .unwrap()
+                .push((id, from_client, buf[..n].to_vec()));
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+        std::thread::sleep(Duration::from_millis(10));
+    });
+}
+
+/// Whether a flight sends a statement: a simple query ('Q') or an extended-protocol Parse ('P').
+pub fn has_statement(flight: &[Message]) -> bool {
+    flight.iter().any(|(k, _)| *k == b'Q' || *k == b'P')
+}
+
+/// The SQL text of a flight's statements.
+pub fn statements(flight: &[Message]) -> Vec<String> {
+    flight
+        .iter()
+        .filter_map(|(k, body)| match k {
+            b'Q' => Some(String::from_utf8_lossy(body).into_owned()),
+            // Parse: statement name, NUL, query text, NUL, ...
+            b'P' => {
+                let text = body.splitn(3, |b| *b == 0).nth(1)?;
+                Some(String::from_utf8_lossy(text).into_owned())
+            }
+            _ => None,
+        })
+        .collect()
+}

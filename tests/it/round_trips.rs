@@ -1,0 +1,122 @@
+//! What a plain `run` costs in round trips, counted on the wire ([`crate::flights`]): one flight
+//! that checks the schema, acquires and LISTENs, one that saves (and releases), nothing else.
+
+use crate::common::*;
+use crate::flights::{has_statement, statements, Recorder};
+
+/// The flights with statements of the one connection a `run` makes through the recorder.
+fn statement_flights(
+    env: &Env,
+    rec: &Recorder,
+    pooler: Option<&str>,
+    command: &str,
+) -> Vec<Vec<String>> {
+    let mut c = env.command_at(&rec.url());
+    if let Some(p) = pooler {
+        c.env("LEASECTL_POOLER", p);
+    }
+    let o = c
+        .args(["run", "--target", "t", "--", "sh", "-c", command])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let conns = rec.flights();
+    assert_eq!(conns.len(), 1, "one connection: {conns:?}");
+    conns[0]
+        .iter()
+        .filter(|f| has_statement(f))
+        .map(|f| statements(f))
+        .collect()
+}
+
+/// A `run` on a current schema, with the session known to be direct (`LEASECTL_POOLER=none`):
+/// the schema check, the acquisition and the LISTEN go in one flight, the fenced save in a
+/// second. (Before, the check, the acquisition, the LISTEN and the save each waited for the
+/// answer before them: four.)
+#[test]
+fn a_plain_run_makes_two_flights_of_statements() {
+    let env = Env::new();
+    // The schema's first use migrates it, on a path of its own.
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = Recorder::start();
+    let flights = statement_flights(&env, &rec, Some("none"), "true");
+    assert_eq!(flights.len(), 2, "{flights:#?}");
+    let first = flights[0].join("\n");
+    for part in [
+        "BEGIN",
+        "schema_migrations",
+        "INSERT INTO",
+        "LISTEN",
+        "COMMIT",
+    ] {
+        assert!(
+            first.contains(part),
+            "{part} is not in the first flight: {first}"
+        );
+    }
+    assert!(!flights[1].join("\n").contains("LISTEN"), "{flights:#?}");
+    // And the lease was released: the next run gets it at once.
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// Where the pooler is detected (the default), the first flight's check tells whether the
+/// session is direct, so the LISTEN cannot go with it unless the database decides — a DO
+/// block, whose PL/pgSQL costs a fresh server process more than the rest of the flight. The
+/// flight has the check, the acquisition and COMMIT and no DO; the heartbeat LISTENs while
+/// the command runs.
+#[test]
+fn a_detecting_run_listens_while_the_command_runs() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = Recorder::start();
+    let flights = statement_flights(&env, &rec, None, "sleep 0.5");
+    let first = flights[0].join("\n");
+    for part in ["BEGIN", "schema_migrations", "INSERT INTO", "COMMIT"] {
+        assert!(
+            first.contains(part),
+            "{part} is not in the first flight: {first}"
+        );
+    }
+    assert!(
+        !first.contains("LISTEN") && !first.contains("DO $"),
+        "{first}"
+    );
+    assert!(
+        flights[1..]
+            .iter()
+            .flatten()
+            .any(|s| s.starts_with("LISTEN")),
+        "no LISTEN while the command ran: {flights:#?}"
+    );
+}
+
+/// Behind a transaction-mode pooler (here: said so with `LEASECTL_POOLER`) no LISTEN is sent,
+/// in the first flight or later; the flights are the same two.
+#[test]
+fn a_pooled_run_sends_no_listen() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = Recorder::start();
+    let flights = statement_flights(&env, &rec, Some("transaction"), "true");
+    assert_eq!(flights.len(), 2, "{flights:#?}");
+    assert!(
+        !flights.iter().flatten().any(|s| s.contains("LISTEN")),
+        "{flights:#?}"
+    );
+}
+
+/// On a schema that is not current (here: not there at all), the first flight takes nothing:
+/// the check fails, the transaction rolls back, and the run migrates and acquires on the old
+/// path — and succeeds.
+#[test]
+fn a_run_on_a_missing_schema_migrates_then_acquires() {
+    let env = Env::new();
+    let rec = Recorder::start();
+    let flights = statement_flights(&env, &rec, None, "true");
+    assert!(flights.len() > 2, "{flights:#?}");
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
