@@ -85,7 +85,7 @@ pub enum JobEvents {
 
 impl EventsFile {
     /// Creates the directory, its lock and the empty file under the temporary directory; one
-    /// run in [`SWEEP_ONE_IN`] first sweeps the directories that SIGKILLed runs left behind, and
+    /// run in `SWEEP_ONE_IN` first sweeps the directories that SIGKILLed runs left behind, and
     /// a creation that fails sweeps and tries once more.
     pub fn create() -> io::Result<EventsFile> {
         let tmp = std::env::temp_dir();

@@ -59,9 +59,9 @@
 //!   A channel is reused only after a group whose confirms all resolved; one that timed out or
 //!   failed is closed, so a late confirm or return is never read by the next group.
 //! * **Frames of 16 KiB** unless the URL asks for others (`?frame_max=`): lapin keeps 32 frames
-//!   of buffer each way, resident for the connection's life ([`FRAME_MAX`]). A message's
+//!   of buffer each way, resident for the connection's life (`FRAME_MAX`). A message's
 //!   properties travel in one frame; one whose properties do not fit is refused
-//!   ([`header_fits`]) rather than sent, which would make the broker close the connection.
+//!   (`header_fits`) rather than sent, which would make the broker close the connection.
 //! * **A refusal that closes the channel** (PRECONDITION_FAILED, e.g. a message larger than the
 //!   broker's `max_message_size`) fails every unconfirmed publish of the group alike, without
 //!   saying which message caused it; those events are published again one per channel, so only

@@ -396,14 +396,14 @@ pub struct ClaimLimits {
 pub enum Via {
     /// The plain claim.
     Plain,
-    /// The general claim ([`CLAIM`]), not preceded by the plain one: it was not asked for, or
+    /// The general claim (`CLAIM`), not preceded by the plain one: it was not asked for, or
     /// the claim looks past its window ([`Reach`]), which only the general claim does.
     General,
     /// The general claim, after the plain one declined for this reason (and took nothing).
     Fallback(Declined),
 }
 
-/// Why the plain claim took nothing (see [`CLAIM_PLAIN`]).
+/// Why the plain claim took nothing (see `CLAIM_PLAIN`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Declined {
     /// An event of some aggregate is dead or waiting out a retry.
