@@ -120,3 +120,43 @@ fn a_run_on_a_missing_schema_migrates_then_acquires() {
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
+
+/// A relay's batch commits without waiting for the WAL flush: the flight that ends each
+/// batch is `SET LOCAL synchronous_commit = off` and `COMMIT` together (the deletion of
+/// delivered events is all a lost commit could undo, and that only republishes them), and
+/// every event still comes out once.
+#[test]
+fn a_relay_commits_its_batches_without_waiting_for_the_flush() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    crate::events::insert_events(&env, 25, 5, 1);
+    let rec = Recorder::start();
+    let o = env
+        .command_at(&rec.url())
+        .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 25);
+    // Each batch's claim flight (BEGIN with the planner settings) is followed by its commit.
+    let statements: Vec<String> = rec
+        .flights()
+        .iter()
+        .flatten()
+        .flat_map(|f| statements(f))
+        .collect();
+    let batches = statements
+        .iter()
+        .filter(|s| s.contains("SET LOCAL enable_seqscan = off"))
+        .count();
+    let unflushed = statements
+        .iter()
+        .filter(|s| s.contains("SET LOCAL synchronous_commit = off; COMMIT"))
+        .count();
+    assert!(batches >= 3, "batches of 10 of 25 events: {statements:#?}");
+    assert!(
+        unflushed >= 3,
+        "{unflushed} of the batches committed without waiting for the flush: {statements:#?}"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
+}
