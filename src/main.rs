@@ -3,13 +3,13 @@
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::{CommandFactory, FromArgMatches};
+use clap::Parser;
 use leasectl::cli::Cli;
 use leasectl::exit::Exit;
 
 fn main() -> ExitCode {
     let args = leasectl::cli::attach_negative_values(std::env::args_os().collect());
-    let cli = match parse(args) {
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return clap_error(e),
     };
@@ -56,22 +56,6 @@ fn main() -> ExitCode {
     // Do not wait for blocking-pool threads (stdin readers and the like).
     runtime.shutdown_background();
     ExitCode::from(exit.code())
-}
-
-/// `Cli::try_parse_from`, without dropping clap's command tree and matches: freeing every
-/// subcommand's and argument's definition one by one cost a `run` about 6% of its instructions,
-/// for memory the exit returns anyway.
-fn parse(args: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
-    let mut command = Cli::command();
-    let parsed = command
-        .try_get_matches_from_mut(args)
-        .and_then(|mut matches| {
-            let cli = Cli::from_arg_matches_mut(&mut matches);
-            std::mem::forget(matches);
-            cli.map_err(|e| e.format(&mut Cli::command()))
-        });
-    std::mem::forget(command);
-    parsed
 }
 
 /// Usage errors as one line (clap's own text, without the usage block), exit 2;
