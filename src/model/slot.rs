@@ -1,7 +1,9 @@
 //! `run --slot`'s schedules: which scheduled slot an instant belongs to.
 //!
 //! A schedule is a 5-field cron expression (or `@hourly`, `@daily`, `@weekly`, `@monthly`,
-//! `@yearly`), parsed by `croner`, in an IANA time zone from `chrono-tz` (UTC by default). The
+//! `@yearly`), parsed by `croner`, in an IANA time zone (UTC by default) read by `jiff` from the
+//! system's time zone database (`/usr/share/zoneinfo`, or `TZDIR`), as cron itself reads it,
+//! with a copy built in for hosts that have none. The
 //! slot of an instant is the latest scheduled instant at or before it plus the skew, so a manual
 //! run at 15:00 of a `0 2 * * *` job belongs to that day's 02:00 slot, never to tomorrow's; the
 //! skew covers hosts whose clocks or cron daemons fire a little early. Everything here is pure:
@@ -9,10 +11,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, TimeZone, Utc};
-use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, Zoned};
 
 /// The skew when the schedule's shortest interval is at least four times as long.
 pub const DEFAULT_SKEW: Duration = Duration::from_secs(60);
@@ -30,7 +32,7 @@ pub struct Schedule {
     /// The IANA zone as given; `None` is UTC.
     pub zone: Option<String>,
     cron: Cron,
-    tz: Tz,
+    tz: TimeZone,
 }
 
 /// One slot: its scheduled instant and the next one.
@@ -41,8 +43,8 @@ pub struct Slot {
 }
 
 /// Parses an IANA zone name (`Europe/Berlin`, `UTC`), for `--slot-tz`.
-pub fn parse_zone(s: &str) -> Result<Tz, String> {
-    s.trim().parse::<Tz>().map_err(|_| {
+pub fn parse_zone(s: &str) -> Result<TimeZone, String> {
+    TimeZone::get(s.trim()).map_err(|_| {
         format!("'{s}' is not an IANA time zone name (e.g. UTC, Europe/Berlin, America/New_York)")
     })
 }
@@ -53,6 +55,12 @@ pub fn parse_expr(s: &str) -> Result<String, String> {
 }
 
 impl Schedule {
+    /// `at` in this schedule's zone; `None` outside the calendar's range (years -9999 to 9999:
+    /// a grace of centuries read from the database).
+    fn zoned(&self, at: SystemTime) -> Option<Zoned> {
+        Some(Timestamp::try_from(at).ok()?.to_zoned(self.tz.clone()))
+    }
+
     /// Parses `expr` in `zone` (UTC when `None`). A schedule that never fires is refused too.
     pub fn new(expr: &str, zone: Option<&str>) -> Result<Schedule, String> {
         let expr = expr.trim();
@@ -84,7 +92,7 @@ impl Schedule {
             .map_err(|e| format!("'{expr}' is not a cron schedule ({e})"))?;
         let tz = match zone {
             Some(z) => parse_zone(z)?,
-            None => Tz::UTC,
+            None => TimeZone::UTC,
         };
         let schedule = Schedule {
             expr: expr.to_owned(),
@@ -93,7 +101,7 @@ impl Schedule {
             tz,
         };
         // `0 0 31 2 *` parses but never fires; better said now than after taking the lease.
-        let since = tz.from_utc_datetime(&reference());
+        let since = reference(&schedule.tz);
         if schedule.cron.find_next_occurrence(&since, false).is_err() {
             return Err(format!("'{expr}' never fires"));
         }
@@ -107,8 +115,8 @@ impl Schedule {
         let probe = at.checked_add(skew)?;
         // Whole seconds: scheduled instants are, and the search steps by seconds.
         let secs = probe.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs();
-        let probe = Utc.timestamp_opt(i64::try_from(secs).ok()?, 0).single()?;
-        let probe = probe.with_timezone(&self.tz);
+        let probe = Timestamp::from_second(i64::try_from(secs).ok()?).ok()?;
+        let probe = probe.to_zoned(self.tz.clone());
         let start = self.cron.find_previous_occurrence(&probe, true).ok()?;
         let end = self.cron.find_next_occurrence(&start, false).ok()?;
         Some(Slot {
@@ -119,19 +127,19 @@ impl Schedule {
 
     /// The latest scheduled instant at or before `at` (for the dead-man switch, `health`).
     pub fn at_or_before(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let t = self.zoned(at)?;
         to_system(&self.cron.find_previous_occurrence(&t, true).ok()?)
     }
 
     /// The first scheduled instant after `at`.
     pub fn after(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let t = self.zoned(at)?;
         to_system(&self.cron.find_next_occurrence(&t, false).ok()?)
     }
 
     /// The last scheduled instant before `at`.
     pub fn before(&self, at: SystemTime) -> Option<SystemTime> {
-        let t = chrono_time(at)?.with_timezone(&self.tz);
+        let t = self.zoned(at)?;
         to_system(&self.cron.find_previous_occurrence(&t, false).ok()?)
     }
 
@@ -140,12 +148,13 @@ impl Schedule {
     /// value, whatever its clock says).
     pub fn shortest_interval(&self) -> Duration {
         let mut shortest: Option<Duration> = None;
-        let mut at = self.tz.from_utc_datetime(&reference());
+        let mut at = reference(&self.tz);
         for _ in 0..INTERVAL_SAMPLES {
             let Ok(next) = self.cron.find_next_occurrence(&at, false) else {
                 break;
             };
-            let gap = (next - at).to_std().unwrap_or_default();
+            let gap = next.timestamp().as_second() - at.timestamp().as_second();
+            let gap = Duration::from_secs(u64::try_from(gap).unwrap_or(0));
             // The first gap runs from the reference, not from an occurrence.
             if self.cron.is_time_matching(&at).unwrap_or(false) && !gap.is_zero() {
                 shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
@@ -190,32 +199,16 @@ impl Schedule {
     }
 }
 
-/// 2000-01-01T00:00:00Z: the fixed start of [`Schedule::shortest_interval`]'s sample.
-fn reference() -> chrono::NaiveDateTime {
-    DateTime::from_timestamp(946_684_800, 0)
-        .unwrap_or_default()
-        .naive_utc()
+/// 2000-01-01T00:00:00Z in `tz`: the fixed start of [`Schedule::shortest_interval`]'s sample.
+fn reference(tz: &TimeZone) -> Zoned {
+    Timestamp::from_second(946_684_800)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_zoned(tz.clone())
 }
 
-/// `at` as a chrono instant; `None` outside chrono's range (a grace of centuries read from the
-/// database), where chrono's own `From` would panic.
-fn chrono_time(at: SystemTime) -> Option<DateTime<Utc>> {
-    let (secs, nanos) = match at.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => (i64::try_from(d.as_secs()).ok()?, d.subsec_nanos()),
-        Err(e) => {
-            let d = e.duration();
-            let secs = -i64::try_from(d.as_secs()).ok()?;
-            match d.subsec_nanos() {
-                0 => (secs, 0),
-                n => (secs.checked_sub(1)?, 1_000_000_000 - n),
-            }
-        }
-    };
-    DateTime::from_timestamp(secs, nanos)
-}
-
-fn to_system<Z: TimeZone>(t: &DateTime<Z>) -> Option<SystemTime> {
-    let secs = u64::try_from(t.timestamp()).ok()?;
+/// Whole seconds since the epoch, from a scheduled instant; `None` before the epoch.
+fn to_system(t: &Zoned) -> Option<SystemTime> {
+    let secs = u64::try_from(t.timestamp().as_second()).ok()?;
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 

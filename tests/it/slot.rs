@@ -755,6 +755,51 @@ fn the_schedule_is_stored_on_the_target_and_the_latest_wins() {
     assert_eq!(stored(), [[Some("@hourly".to_owned()), None]]);
 }
 
+/// Zones come from the system's time zone database, as cron's do (`TZDIR` names another
+/// directory, as for glibc): a zone that only that database has is accepted, and the slot
+/// follows its rules, updates included, not a copy built into the binary.
+#[test]
+fn zones_are_read_from_the_systems_time_zone_database() {
+    let env = Env::new();
+    let tzdir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tzdir.path().join("Leasectl")).unwrap();
+    // Berlin's rules under a name no built-in database has: 02:00 there is 00:00 UTC in
+    // summer (CEST).
+    std::fs::copy(
+        "/usr/share/zoneinfo/Europe/Berlin",
+        tzdir.path().join("Leasectl/Test"),
+    )
+    .unwrap();
+    let run = |tzdir: Option<&std::path::Path>| {
+        let mut cmd = env.command();
+        if let Some(dir) = tzdir {
+            cmd.env("TZDIR", dir);
+        }
+        cmd.args(["run", "--target", "t", "--slot", "0 2 * * *"])
+            .args(["--slot-tz", "Leasectl/Test", "--", "sh", "-c"])
+            .arg("echo $LEASECTL_SLOT")
+            .output_in_time()
+    };
+    assert_one_line_error(&run(None), 2, "IANA");
+    let ok = run(Some(tzdir.path()));
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    let slot = String::from_utf8_lossy(&ok.stdout).trim().to_owned();
+    // The same slot by PostgreSQL's own Europe/Berlin: the latest 02:00 there at or before
+    // the database's now plus the default skew, a minute.
+    let expected = env.sql(
+        "WITH t AS (SELECT (now() + interval '1 minute') AT TIME ZONE 'Europe/Berlin' AS local),
+              d AS (SELECT date_trunc('day', local) + interval '2 hours' AS two, local FROM t)
+         SELECT to_char(((two - CASE WHEN local < two THEN interval '1 day' ELSE interval '0' END)
+                         AT TIME ZONE 'Europe/Berlin') AT TIME ZONE 'UTC',
+                        'YYYY-MM-DD\"T\"HH24:MI:SS') FROM d",
+    );
+    let expected = expected[0][0].clone().unwrap();
+    assert!(
+        slot.starts_with(&expected),
+        "the slot by Berlin's rules starts at {expected}Z: {slot}"
+    );
+}
+
 #[test]
 fn bad_schedules_zones_and_combinations_are_usage_errors() {
     let env = Env::new();
