@@ -22,7 +22,7 @@ use crate::model::time::deadline;
 use crate::process::Capture;
 use crate::signals::Signals;
 use crate::store::leases::{DbClock, Lease};
-use crate::store::runs::{Outcome, RunRecord};
+use crate::store::runs::{self, Outcome, RunRecord};
 
 /// How the command ended, as the run records it.
 struct Ended {
@@ -46,6 +46,11 @@ pub(super) async fn execute(
         db_time: lease.granted_at,
         local: acquired_at,
     };
+    // The server plans the save while the command starts and runs. Only on a direct session:
+    // behind a transaction-mode pooler the save may run in another server process.
+    if db.can_listen() {
+        runs::plan_save_ahead(&db.client, &db.schema).await;
+    }
     let events_file = match EventsFile::create() {
         Ok(f) => Some(f),
         Err(e) => {

@@ -1,5 +1,7 @@
 //! What a plain `run` costs in round trips, counted on the wire ([`crate::flights`]): one flight
-//! that checks the schema, acquires and LISTENs, one that saves (and releases), nothing else.
+//! that checks the schema, acquires and LISTENs, one that saves (and releases), nothing else on
+//! the way — and, as the command starts, one that plans the save ahead, whose answer nothing
+//! waits for.
 
 use crate::common::*;
 use crate::flights::{has_statement, statements, Recorder};
@@ -31,7 +33,8 @@ fn statement_flights(
 /// A `run` on a current schema, with the session known to be direct (`LEASECTL_POOLER=none`):
 /// the schema check, the acquisition and the LISTEN go in one flight, the fenced save in a
 /// second. (Before, the check, the acquisition, the LISTEN and the save each waited for the
-/// answer before them: four.)
+/// answer before them: four.) As the command starts, a third plans the save (`EXPLAIN`), off
+/// the path from the command's exit to leasectl's.
 #[test]
 fn a_plain_run_makes_two_flights_of_statements() {
     let env = Env::new();
@@ -39,8 +42,8 @@ fn a_plain_run_makes_two_flights_of_statements() {
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let rec = Recorder::start();
-    let flights = statement_flights(&env, &rec, Some("none"), "true");
-    assert_eq!(flights.len(), 2, "{flights:#?}");
+    let flights = statement_flights(&env, &rec, Some("none"), "sleep 0.3");
+    assert_eq!(flights.len(), 3, "{flights:#?}");
     let first = flights[0].join("\n");
     for part in [
         "BEGIN",
@@ -54,7 +57,15 @@ fn a_plain_run_makes_two_flights_of_statements() {
             "{part} is not in the first flight: {first}"
         );
     }
-    assert!(!flights[1].join("\n").contains("LISTEN"), "{flights:#?}");
+    assert!(
+        flights[1].len() == 1 && flights[1][0].starts_with("EXPLAIN WITH owner AS"),
+        "the save is planned as the command starts: {flights:#?}"
+    );
+    let save = flights[2].join("\n");
+    assert!(
+        save.starts_with("WITH owner AS") && !save.contains("LISTEN"),
+        "{flights:#?}"
+    );
     // And the lease was released: the next run gets it at once.
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -83,27 +94,36 @@ fn a_detecting_run_listens_while_the_command_runs() {
         !first.contains("LISTEN") && !first.contains("DO $"),
         "{first}"
     );
+    // The save's plan goes first, as the command starts; the LISTEN while it runs (in the same
+    // flight when the plan's answer has not come back yet); the save last.
+    let (during, save) = (&flights[1..flights.len() - 1], &flights[flights.len() - 1]);
+    let during: Vec<&String> = during.iter().flatten().collect();
     assert!(
-        flights[1..]
-            .iter()
-            .flatten()
-            .any(|s| s.starts_with("LISTEN")),
-        "no LISTEN while the command ran: {flights:#?}"
+        during.len() == 2
+            && during[0].starts_with("EXPLAIN WITH owner AS")
+            && during[1].starts_with("LISTEN"),
+        "no plan and LISTEN while the command ran: {flights:#?}"
     );
+    assert!(save[0].starts_with("WITH owner AS"), "{flights:#?}");
 }
 
 /// Behind a transaction-mode pooler (here: said so with `LEASECTL_POOLER`) no LISTEN is sent,
-/// in the first flight or later; the flights are the same two.
+/// in the first flight or later, and the save is not planned ahead: two flights.
 #[test]
 fn a_pooled_run_sends_no_listen() {
     let env = Env::new();
     let o = env.run(&["migrate"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let rec = Recorder::start();
-    let flights = statement_flights(&env, &rec, Some("transaction"), "true");
+    let flights = statement_flights(&env, &rec, Some("transaction"), "sleep 0.3");
     assert_eq!(flights.len(), 2, "{flights:#?}");
+    // Nor a plan of the save: the pooler may hand the next statement to another server
+    // process.
     assert!(
-        !flights.iter().flatten().any(|s| s.contains("LISTEN")),
+        !flights
+            .iter()
+            .flatten()
+            .any(|s| s.contains("LISTEN") || s.starts_with("EXPLAIN")),
         "{flights:#?}"
     );
 }
