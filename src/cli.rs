@@ -323,7 +323,8 @@ pub struct RunArgs {
           conflicts_with = "reuse_within")]
     pub slot: Option<String>,
 
-    /// Time zone of --slot's schedule (IANA name, e.g. Europe/Berlin) [default: UTC]
+    /// Time zone of --slot's schedule (IANA name, e.g. Europe/Berlin, from the system's time
+    /// zone database: /usr/share/zoneinfo, or $TZDIR) [default: UTC]
     #[arg(long, value_parser = parse_zone, value_name = "ZONE", requires = "slot")]
     pub slot_tz: Option<String>,
 
