@@ -65,7 +65,7 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l event-type -d 
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l capture-limit -d 'Bytes of stdout and of stderr stored per run (e.g. 64KiB, 1MiB); the rest still streams' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l events-limit -d 'Bytes the command may write to $LEASECTL_EVENTS (its own outbox events); more stores the run without any of them and exits 65' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run at most once per slot of this cron schedule (5 fields or @hourly, @daily, @weekly, @monthly, @yearly, @annually): a caller whose slot any host already did, or is doing, records a skip and exits 0' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin) [default: UTC]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin, from the system\'s time zone database: /usr/share/zoneinfo, or $TZDIR) [default: UTC]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-skew -d 'How early a caller may fire and still belong to the coming slot [default: 1m, or a quarter of the schedule\'s shortest interval if less]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done, or being done' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
