@@ -97,6 +97,42 @@ impl Recorder {
     }
 }
 
+impl Recorder {
+    /// What the server sent on each connection, split into backend messages (type byte, body).
+    /// The server's stream is typed from its first byte: [`Recorder::url`] asks for no TLS.
+    pub fn answers(&self) -> Vec<Vec<Message>> {
+        let log = self.log.lock().unwrap().clone();
+        let conns = log.iter().map(|c| c.0 + 1).max().unwrap_or(0);
+        (0..conns)
+            .map(|id| {
+                let bytes: Vec<u8> = log
+                    .iter()
+                    .filter(|c| c.0 == id && !c.1)
+                    .flat_map(|c| c.2.iter().copied())
+                    .collect();
+                let mut msgs = Vec::new();
+                let mut at = 0;
+                while at + 5 <= bytes.len() {
+                    let len =
+                        u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+                    msgs.push((bytes[at], bytes[at + 5..at + 1 + len].to_vec()));
+                    at += 1 + len;
+                }
+                msgs
+            })
+            .collect()
+    }
+}
+
+/// The `ErrorResponse` messages among `answers`, as text (their fields, NULs as spaces).
+pub fn errors(answers: &[Message]) -> Vec<String> {
+    answers
+        .iter()
+        .filter(|(k, _)| *k == b'E')
+        .map(|(_, body)| String::from_utf8_lossy(body).replace('\0', " "))
+        .collect()
+}
+
 /// Splits each flight's bytes into frontend messages; the stream starts in the startup phase
 /// (untyped packets: SSL and GSS requests, then the startup message).
 fn split(flights: &[Vec<u8>]) -> Vec<Flight> {

@@ -4,7 +4,7 @@
 //! waits for.
 
 use crate::common::*;
-use crate::flights::{has_statement, statements, Recorder};
+use crate::flights::{errors, has_statement, statements, Recorder};
 
 /// The flights with statements of the one connection a `run` makes through the recorder.
 fn statement_flights(
@@ -66,6 +66,15 @@ fn a_plain_run_makes_two_flights_of_statements() {
         save.starts_with("WITH owner AS") && !save.contains("LISTEN"),
         "{flights:#?}"
     );
+    // The plan was made, not refused: the server answered nothing on this connection with an
+    // error (a plan that fails would only cost, and say so nowhere else).
+    let answers = rec.answers();
+    assert_eq!(answers.len(), 1);
+    assert!(
+        answers[0].iter().any(|(k, _)| *k == b'T'),
+        "no rows described"
+    );
+    assert_eq!(errors(&answers[0]), Vec::<String>::new());
     // And the lease was released: the next run gets it at once.
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
