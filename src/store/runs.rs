@@ -2,10 +2,11 @@
 //! run that lost its lease, the look-ups `--reuse-within` and `--wait` make, and what the
 //! operator commands `runs`, `output` and `prune` read or delete.
 
-use std::future::Future;
+use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
+use futures_util::FutureExt;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
 use uuid::Uuid;
@@ -189,8 +190,7 @@ pub async fn plan_save_ahead(client: &Client, schema: &Schema) {
     tokio::pin!(planned);
     // One poll queues the statement on the connection; the yield lets the connection's task
     // write it before leasectl turns to the command.
-    let queued = std::future::poll_fn(|cx| std::task::Poll::Ready(planned.as_mut().poll(cx))).await;
-    if queued.is_pending() {
+    if planned.now_or_never().is_none() {
         tokio::task::yield_now().await;
     }
 }
@@ -233,8 +233,18 @@ impl ToSql for Null {
 }
 
 /// The fenced save's statement (see [`save_fenced`]): `$1`…`$21` the run ([`RUN_TYPES`]),
-/// then [`SAVE_TYPES`].
+/// then [`SAVE_TYPES`]. Spliced once per process: a run plans it ahead and then saves with it.
 fn save_sql(schema: &Schema) -> String {
+    static SPLICED: OnceLock<(String, String)> = OnceLock::new();
+    let (name, text) = SPLICED.get_or_init(|| (schema.name().to_owned(), splice_save(schema)));
+    if name == schema.name() {
+        text.clone()
+    } else {
+        splice_save(schema)
+    }
+}
+
+fn splice_save(schema: &Schema) -> String {
     // `owner` has a row only when `owner.target` = $2: the run's target is $2 either way.
     sql(
         schema,
@@ -999,6 +1009,24 @@ pub async fn prune(
         total += n;
         if n == 0 {
             return Ok(total);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statement spliced once is the first schema's; another schema still gets its own,
+    /// never the first one's tables.
+    #[test]
+    fn the_save_names_the_schema_it_is_for() {
+        let (a, b) = (Schema::new("first"), Schema::new("second"));
+        for _ in 0..2 {
+            let (for_a, for_b) = (save_sql(&a), save_sql(&b));
+            assert!(for_a.contains("\"first\".runs") && !for_a.contains("\"second\""));
+            assert!(for_b.contains("\"second\".runs") && !for_b.contains("\"first\""));
+            assert_eq!(for_a, splice_save(&a));
         }
     }
 }

@@ -76,13 +76,12 @@ impl Recorder {
     /// The flights of every connection so far, in order: each flight is its frontend
     /// messages, as (type byte, body). Startup-phase packets have type 0.
     pub fn flights(&self) -> Vec<Vec<Flight>> {
-        let log = self.log.lock().unwrap().clone();
-        let conns = log.iter().map(|c| c.0 + 1).max().unwrap_or(0);
-        (0..conns)
-            .map(|id| {
+        self.connections()
+            .into_iter()
+            .map(|chunks| {
                 let mut flights: Vec<Vec<u8>> = Vec::new();
                 let mut last_from_client = false;
-                for (_, from_client, bytes) in log.iter().filter(|c| c.0 == id) {
+                for (from_client, bytes) in &chunks {
                     if *from_client {
                         if !last_from_client {
                             flights.push(Vec::new());
@@ -98,17 +97,30 @@ impl Recorder {
 }
 
 impl Recorder {
-    /// What the server sent on each connection, split into backend messages (type byte, body).
-    /// The server's stream is typed from its first byte: [`Recorder::url`] asks for no TLS.
-    pub fn answers(&self) -> Vec<Vec<Message>> {
+    /// Each connection's chunks in the order they were read: (from the client, bytes).
+    fn connections(&self) -> Vec<Vec<(bool, Vec<u8>)>> {
         let log = self.log.lock().unwrap().clone();
         let conns = log.iter().map(|c| c.0 + 1).max().unwrap_or(0);
         (0..conns)
             .map(|id| {
-                let bytes: Vec<u8> = log
+                log.iter()
+                    .filter(|c| c.0 == id)
+                    .map(|c| (c.1, c.2.clone()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// What the server sent on each connection, split into backend messages (type byte, body).
+    /// The server's stream is typed from its first byte: [`Recorder::url`] asks for no TLS.
+    pub fn answers(&self) -> Vec<Vec<Message>> {
+        self.connections()
+            .into_iter()
+            .map(|chunks| {
+                let bytes: Vec<u8> = chunks
                     .iter()
-                    .filter(|c| c.0 == id && !c.1)
-                    .flat_map(|c| c.2.iter().copied())
+                    .filter(|(from_client, _)| !from_client)
+                    .flat_map(|(_, b)| b.iter().copied())
                     .collect();
                 let mut msgs = Vec::new();
                 let mut at = 0;
