@@ -468,9 +468,10 @@ Outside `leasectl run` it is a usage error (exit 2).
 Examples:
   leasectl emit --aggregate-type invoice --aggregate-id \"$ID\" --type invoice.sent --payload '{\"total\": 42}'
   jq -n --arg f \"$FILE\" '{file: $f}' | leasectl emit --aggregate-type export --aggregate-id daily --type export.ready";
-/// An IANA zone name for `--slot-tz`, kept as given (it is stored with the schedule).
+/// An IANA zone name for `--slot-tz`, as the zone database spells it (it is stored with the
+/// schedule).
 fn parse_zone(s: &str) -> Result<String, String> {
-    crate::model::slot::parse_zone(s).map(|_| s.trim().to_owned())
+    crate::model::slot::zone_name(s)
 }
 
 const RELAY_HELP: &str = "\

@@ -42,11 +42,30 @@ pub struct Slot {
     pub end: SystemTime,
 }
 
+/// Names in the zone database's directory that are not zones every host shares: `localtime`
+/// is this host's own zone (a link to /etc/localtime), so two hosts could put the same slot at
+/// different instants; `posixrules` is the rules file for POSIX TZ strings.
+const NOT_SHARED: [&str; 2] = ["localtime", "posixrules"];
+
 /// Parses an IANA zone name (`Europe/Berlin`, `UTC`), for `--slot-tz`.
 pub fn parse_zone(s: &str) -> Result<TimeZone, String> {
-    TimeZone::get(s.trim()).map_err(|_| {
+    let name = s.trim();
+    if NOT_SHARED.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+        return Err(format!(
+            "'{name}' is this host's own zone, which other hosts need not share; give an IANA time zone name (e.g. UTC, Europe/Berlin, America/New_York)"
+        ));
+    }
+    TimeZone::get(name).map_err(|_| {
         format!("'{s}' is not an IANA time zone name (e.g. UTC, Europe/Berlin, America/New_York)")
     })
+}
+
+/// A zone name as the time zone database spells it (`europe/berlin` is found as
+/// `Europe/Berlin`): what is stored with the schedule, so every host and every reader of
+/// `status` sees one name for one zone.
+pub fn zone_name(s: &str) -> Result<String, String> {
+    let tz = parse_zone(s)?;
+    Ok(tz.iana_name().unwrap_or(s.trim()).to_owned())
 }
 
 /// Checks a schedule's syntax alone, for `--slot` (the zone is checked on its own flag).

@@ -753,6 +753,19 @@ fn the_schedule_is_stored_on_the_target_and_the_latest_wins() {
     let ok = slot_run(&env, "t", "@hourly", &[], "true");
     assert_eq!(code(&ok), 0, "{}", stderr(&ok));
     assert_eq!(stored(), [[Some("@hourly".to_owned()), None]]);
+    // A zone is stored as the database spells it, whatever case it was given in.
+    let ok = slot_run(
+        &env,
+        "t",
+        "@hourly",
+        &["--slot-tz", "europe/berlin"],
+        "true",
+    );
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    assert_eq!(
+        stored(),
+        [[Some("@hourly".to_owned()), Some("Europe/Berlin".to_owned())]]
+    );
 }
 
 /// Zones come from the system's time zone database, as cron's do (`TZDIR` names another
@@ -817,6 +830,21 @@ fn bad_schedules_zones_and_combinations_are_usage_errors() {
         &run(&["--slot", "0 2 * * *", "--slot-tz", "Mars/Olympus"]),
         2,
         "IANA",
+    );
+    // A path, or this host's own zone, is not a zone every host shares.
+    for zone in [
+        "../../../etc/passwd",
+        "/usr/share/zoneinfo/UTC",
+        "localtime",
+        "posixrules",
+    ] {
+        let o = run(&["--slot", "0 2 * * *", "--slot-tz", zone]);
+        assert_one_line_error(&o, 2, "--slot-tz");
+    }
+    assert_one_line_error(
+        &run(&["--slot", "0 2 * * *", "--slot-tz", "localtime"]),
+        2,
+        "this host's own zone",
     );
     assert_one_line_error(&run(&["--slot-tz", "UTC"]), 2, "--slot");
     assert_one_line_error(&run(&["--until-success"]), 2, "--slot");
