@@ -21,8 +21,10 @@ pub enum RFault {
     /// The proxy between the relays and PostgreSQL forwards nothing, mid-drain: for a `--once`
     /// until it exited (or its bound passed), for services past the statement deadline.
     DbBlackHole,
-    /// SIGSTOP of every backend of the relays (new connections still work), until the services
-    /// delivered an event of a fresh aggregate and every `--once` exited, or their bounds passed.
+    /// SIGSTOP of every backend of the relays mid-batch, at a moment when none runs a statement
+    /// (new connections still work), until the services delivered an event of a fresh aggregate
+    /// and every `--once` exited, or their bounds passed (`Round::freeze_at_rest` says why
+    /// that moment).
     DbFreeze,
     /// The proxy closes every relay's database connection.
     DbCut,

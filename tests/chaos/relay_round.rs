@@ -959,14 +959,14 @@ impl Round<'_> {
                 return (hit, start, end, None);
             }
             RFault::DbFreeze => {
-                hit = self.aim(&target, mid_batch);
+                self.aim(&target, mid_batch);
                 // For the watchdog below: what the probe's bound will allow for.
                 let ahead = self.outbox_count() as f64 * PER_EVENT;
+                let at_rest = self.freeze_at_rest(&target);
+                hit = at_rest;
                 start = now();
-                self.frozen = self.backends(None).iter().map(|b| b.pid).collect();
-                for &p in &self.frozen {
-                    procs::signal(p, libc::SIGSTOP);
-                }
+                let what = self.activity(&self.frozen.clone());
+                self.notes.push(format!("frozen: {what}"));
                 // Thawed by the deadline whatever this thread is doing: a backend stopped
                 // while holding a page lock could block the harness's own statements.
                 let longest = self
@@ -986,18 +986,47 @@ impl Round<'_> {
                 let waiting: Vec<usize> = self.live(|p| p.once);
                 let t = start + 0.2;
                 self.wait_until(t, |_| false);
-                // New connections still work: the relays must get past their frozen backends.
-                self.probe(
-                    self.bounds.deadline + live,
-                    "while the relays' backends were frozen",
-                );
+                if at_rest {
+                    // New connections still work: the relays must get past their frozen
+                    // backends and the row locks those hold.
+                    self.probe(
+                        self.bounds.deadline + live,
+                        "while the relays' backends were frozen",
+                    );
+                    if self
+                        .probes
+                        .last()
+                        .is_some_and(|p| !self.consumer.has(&p.id))
+                    {
+                        let others: Vec<i32> = self
+                            .backends(None)
+                            .iter()
+                            .map(|b| b.pid)
+                            .filter(|p| !self.frozen.contains(p))
+                            .collect();
+                        let what = self.activity(&others);
+                        self.notes.push(format!(
+                            "the probe was late; the relays' other sessions: {what}"
+                        ));
+                    }
+                } else {
+                    self.notes.push(
+                        "no moment with every backend at rest: stopped mid-statement, where one \
+                         may hold a lock every session needs; probed after the thaw"
+                            .to_owned(),
+                    );
+                }
                 let until = start + self.bounds.once_silent + 0.5;
                 self.wait_until(until, |r| {
                     waiting.iter().all(|&i| r.procs[i].exit.is_some())
                 });
                 self.thaw();
                 self.silence_ends();
-                return (hit, start, now(), None);
+                let end = now();
+                if !at_rest {
+                    self.probe(healed, "after the frozen backends were thawed");
+                }
+                return (hit, start, end, None);
             }
             RFault::BrokerCut | RFault::BrokerReset | RFault::BrokerBlackHole => {
                 hit = self.wait_until(now() + AIM_PATIENCE, any_mid_batch);
@@ -1088,6 +1117,82 @@ impl Round<'_> {
                 );
             }
         }
+    }
+
+    /// Stops every backend of the relays at a moment when the target's is mid-batch and none
+    /// is running a statement: each is idle (in its transaction or not), or waits for its
+    /// client or for a lock on a row or a table. That is how a real server's session gets
+    /// stuck. A backend stopped while it runs a statement may hold one of the server's
+    /// internal locks (a page's, the commit log's): every session that needs it then waits
+    /// uninterruptibly — no statement timeout ends that wait — so no client, a relay or any
+    /// other, can get past it until the backend runs again. Tries for up to [`AIM_PATIENCE`]
+    /// (stopping, looking, resuming); returns whether it found such a moment. If not, the
+    /// backends stay stopped where the last try caught them.
+    fn freeze_at_rest(&mut self, target: &str) -> bool {
+        let until = now() + AIM_PATIENCE;
+        let app = self.app(target);
+        loop {
+            self.frozen = self.backends(None).iter().map(|b| b.pid).collect();
+            for &p in &self.frozen {
+                procs::signal(p, libc::SIGSTOP);
+            }
+            let list: Vec<String> = self.frozen.iter().map(|p| p.to_string()).collect();
+            let rows = self.ctx.db.query(&format!(
+                "SELECT coalesce(bool_and(state LIKE 'idle%'
+                                          OR wait_event_type IN ('Client', 'Lock')), false),
+                        coalesce(bool_or(backend_xid IS NOT NULL AND application_name = '{app}'),
+                                 false)
+                   FROM pg_stat_activity WHERE pid IN ({})",
+                if list.is_empty() {
+                    "0".to_owned()
+                } else {
+                    list.join(",")
+                }
+            ));
+            let at_rest = rows
+                .first()
+                .is_some_and(|r| r[0].as_deref() == Some("t") && r[1].as_deref() == Some("t"));
+            if at_rest || now() >= until {
+                return at_rest;
+            }
+            self.thaw();
+            let t = now() + 0.003;
+            self.wait_until(t, |_| false);
+        }
+    }
+
+    /// What the backends `pids` are doing, as pg_stat_activity and pg_locks tell it: state,
+    /// wait event, the locks they wait for and the start of their statement.
+    fn activity(&mut self, pids: &[i32]) -> String {
+        if pids.is_empty() {
+            return "none".to_owned();
+        }
+        let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+        let rows = self.ctx.db.query(&format!(
+            "SELECT a.pid, a.state, coalesce(a.wait_event_type || '/' || a.wait_event, '-'),
+                    coalesce((SELECT string_agg(l.locktype || ' ' || l.mode, ', ')
+                                FROM pg_locks l WHERE l.pid = a.pid AND NOT l.granted), '-'),
+                    array_to_string(pg_blocking_pids(a.pid), ','),
+                    regexp_replace(left(a.query, 50), '[[:space:]]+', ' ', 'g')
+               FROM pg_stat_activity a WHERE a.pid IN ({})",
+            list.join(",")
+        ));
+        let each: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                let f = |i: usize| r[i].clone().unwrap_or_default();
+                format!(
+                    "{} {} waiting {} (locks {}; blocked by [{}]) on {:?}",
+                    f(0),
+                    f(1),
+                    f(2),
+                    f(3),
+                    f(4),
+                    f(5)
+                )
+            })
+            .collect();
+        each.join("; ")
     }
 
     fn thaw(&mut self) {
