@@ -28,6 +28,7 @@ mod health;
 mod inspect;
 mod job_events;
 mod lease;
+mod link_order;
 mod manpages;
 mod max_holders;
 mod metrics;
