@@ -960,26 +960,30 @@ impl Round<'_> {
             }
             RFault::DbFreeze => {
                 self.aim(&target, mid_batch);
-                // For the watchdog below: what the probe's bound will allow for.
                 let ahead = self.outbox_count() as f64 * PER_EVENT;
-                let at_rest = self.freeze_at_rest(&target);
-                hit = at_rest;
-                start = now();
-                let what = self.activity(&self.frozen.clone());
-                self.notes.push(format!("frozen: {what}"));
-                // Thawed by the deadline whatever this thread is doing: a backend stopped
-                // while holding a page lock could block the harness's own statements.
+                // Thawed by a deadline whatever this thread is doing: a backend stopped while
+                // holding a page lock could block the harness's own statements, from the
+                // first look at what the stopped backends do onwards. The deadline allows for
+                // the search for a moment at rest and for the probe's bound.
                 let longest = self
                     .bounds
                     .once_silent
                     .max(self.bounds.deadline + live + ahead + 1.0);
-                let (pids, at) = (self.frozen.clone(), start + longest + 5.0);
+                let stopped = Arc::new(std::sync::Mutex::new(Vec::new()));
+                let (guard, at) = (stopped.clone(), now() + AIM_PATIENCE + longest + 5.0);
                 std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_secs_f64((at - now()).max(0.0)));
+                    let pids =
+                        std::mem::take(&mut *guard.lock().unwrap_or_else(|e| e.into_inner()));
                     for p in pids {
                         procs::signal(p, libc::SIGCONT);
                     }
                 });
+                let at_rest = self.freeze_at_rest(&target, &stopped);
+                hit = at_rest;
+                start = now();
+                let what = self.activity(&self.frozen.clone());
+                self.notes.push(format!("frozen: {what}"));
                 self.notes
                     .push(format!("{} relay backends frozen", self.frozen.len()));
                 self.silence_begins(start);
@@ -1128,11 +1132,14 @@ impl Round<'_> {
     /// other, can get past it until the backend runs again. Tries for up to [`AIM_PATIENCE`]
     /// (stopping, looking, resuming); returns whether it found such a moment. If not, the
     /// backends stay stopped where the last try caught them.
-    fn freeze_at_rest(&mut self, target: &str) -> bool {
+    ///
+    /// `stopped` always holds the backends stopped now, for the caller's watchdog to thaw.
+    fn freeze_at_rest(&mut self, target: &str, stopped: &std::sync::Mutex<Vec<i32>>) -> bool {
         let until = now() + AIM_PATIENCE;
         let app = self.app(target);
         loop {
             self.frozen = self.backends(None).iter().map(|b| b.pid).collect();
+            *stopped.lock().unwrap_or_else(|e| e.into_inner()) = self.frozen.clone();
             for &p in &self.frozen {
                 procs::signal(p, libc::SIGSTOP);
             }
