@@ -185,15 +185,29 @@ pub async fn save_fenced(
 /// Sends the fenced save's plan ahead (see `warm_save` below) without waiting for its answer (the
 /// connection discards it): the server plans while leasectl starts the command and the command
 /// runs, and the save after the command's exit finds every table and index it names looked up.
+///
+/// Planning locks the tables the save names, and the heartbeats go out after it on the same
+/// connection: a lock held elsewhere on the outbox or the runs (an application's migration, a
+/// `VACUUM FULL`, a `LOCK TABLE`) would hold them up until the lease expired and the command
+/// was stopped, where without the plan only the save waits for it. So the plan waits for a lock
+/// [`PLAN_LOCK_WAIT`] at most and is given up otherwise, and the session's own `lock_timeout`
+/// is restored right after it.
 pub async fn plan_save_ahead(client: &Client, schema: &Schema) {
+    let bounded = client.batch_execute(PLAN_LOCK_WAIT);
     let planned = warm_save(client, schema);
-    tokio::pin!(planned);
-    // One poll queues the statement on the connection; the yield lets the connection's task
-    // write it before leasectl turns to the command.
-    if planned.now_or_never().is_none() {
-        tokio::task::yield_now().await;
-    }
+    let restored = client.batch_execute("RESET lock_timeout");
+    tokio::pin!(bounded, planned, restored);
+    // One poll each queues the statements on the connection, in this order; the yield lets
+    // the connection's task write them before leasectl turns to the command.
+    let _ = bounded.as_mut().now_or_never();
+    let _ = planned.as_mut().now_or_never();
+    let _ = restored.as_mut().now_or_never();
+    tokio::task::yield_now().await;
 }
+
+/// How long the save's plan ahead waits for a lock on a table it names before it is given up
+/// (see [`plan_save_ahead`]).
+const PLAN_LOCK_WAIT: &str = "SET lock_timeout = '10ms'";
 
 /// Plans the fenced save without running it: `EXPLAIN` of its statement with every parameter
 /// NULL, which reads and changes nothing.

@@ -114,6 +114,67 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
 }
 
+/// A lock held elsewhere on the outbox for longer than the TTL (an application's migration, a
+/// `VACUUM FULL`) holds up the save, as it must, but not the heartbeats: the command runs to
+/// its end and its result is stored once the lock is gone. Before, the save's plan, sent as
+/// the command started, waited for that lock with the heartbeats queued behind it on the same
+/// connection, and the command was stopped when the lease expired (exit 76).
+#[test]
+fn a_lock_held_on_the_outbox_holds_up_the_save_not_the_heartbeats() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["migrate"])), 0);
+    let done = env.path("done");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = Settings::new(Some(&env.direct_url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap();
+        let tx = client.transaction().await.unwrap();
+        let lock = format!(
+            "LOCK TABLE \"{}\".outbox IN ACCESS EXCLUSIVE MODE",
+            env.schema
+        );
+        tx.batch_execute(&lock).await.unwrap();
+        // Three seconds of command against a two-second TTL: heartbeats must get through.
+        let mut holder = env.spawn(&[
+            "run",
+            "--target",
+            "locked",
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &format!("sleep 3; touch '{}'", done.display()),
+        ]);
+        let started = std::time::Instant::now();
+        while !done.exists() && holder.try_wait().unwrap().is_none() {
+            assert!(
+                started.elapsed() < PATIENCE,
+                "the command neither ended nor was stopped"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The save waits for the lock until it is given up.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            holder.try_wait().unwrap().is_none(),
+            "leasectl exited while the outbox was locked"
+        );
+        tx.rollback().await.unwrap();
+        let o = holder.wait_with_output().unwrap();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        assert!(done.exists(), "the command was stopped: {}", stderr(&o));
+    });
+    assert_eq!(env.scalar("SELECT outcome FROM runs"), "completed");
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "1");
+}
+
 #[test]
 fn a_waiter_survives_losing_its_connection_and_still_gets_the_lease() {
     let env = Env::new();

@@ -33,8 +33,8 @@ fn statement_flights(
 /// A `run` on a current schema, with the session known to be direct (`LEASECTL_POOLER=none`):
 /// the schema check, the acquisition and the LISTEN go in one flight, the fenced save in a
 /// second. (Before, the check, the acquisition, the LISTEN and the save each waited for the
-/// answer before them: four.) As the command starts, a third plans the save (`EXPLAIN`), off
-/// the path from the command's exit to leasectl's.
+/// answer before them: four.) As the command starts, a third plans the save (`EXPLAIN`, its
+/// lock waits bounded), off the path from the command's exit to leasectl's.
 #[test]
 fn a_plain_run_makes_two_flights_of_statements() {
     let env = Env::new();
@@ -57,8 +57,13 @@ fn a_plain_run_makes_two_flights_of_statements() {
             "{part} is not in the first flight: {first}"
         );
     }
+    // Waiting for a lock on a table it names no longer than 10 ms, the session's own
+    // lock_timeout restored after it.
     assert!(
-        flights[1].len() == 1 && flights[1][0].starts_with("EXPLAIN WITH owner AS"),
+        flights[1].len() == 3
+            && flights[1][0].starts_with("SET lock_timeout = '10ms'")
+            && flights[1][1].starts_with("EXPLAIN WITH owner AS")
+            && flights[1][2].starts_with("RESET lock_timeout"),
         "the save is planned as the command starts: {flights:#?}"
     );
     let save = flights[2].join("\n");
@@ -108,9 +113,11 @@ fn a_detecting_run_listens_while_the_command_runs() {
     let (during, save) = (&flights[1..flights.len() - 1], &flights[flights.len() - 1]);
     let during: Vec<&String> = during.iter().flatten().collect();
     assert!(
-        during.len() == 2
-            && during[0].starts_with("EXPLAIN WITH owner AS")
-            && during[1].starts_with("LISTEN"),
+        during.len() == 4
+            && during[0].starts_with("SET lock_timeout")
+            && during[1].starts_with("EXPLAIN WITH owner AS")
+            && during[2].starts_with("RESET lock_timeout")
+            && during[3].starts_with("LISTEN"),
         "no plan and LISTEN while the command ran: {flights:#?}"
     );
     assert!(save[0].starts_with("WITH owner AS"), "{flights:#?}");
