@@ -1079,10 +1079,9 @@ impl Round<'_> {
         if pids.is_empty() {
             return;
         }
-        let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
         self.ctx.db.query(&format!(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid IN ({})",
-            list.join(",")
+            pid_list(pids)
         ));
     }
 
@@ -1143,18 +1142,13 @@ impl Round<'_> {
             for &p in &self.frozen {
                 procs::signal(p, libc::SIGSTOP);
             }
-            let list: Vec<String> = self.frozen.iter().map(|p| p.to_string()).collect();
             let rows = self.ctx.db.query(&format!(
                 "SELECT coalesce(bool_and(state LIKE 'idle%'
                                           OR wait_event_type IN ('Client', 'Lock')), false),
                         coalesce(bool_or(backend_xid IS NOT NULL AND application_name = '{app}'),
                                  false)
                    FROM pg_stat_activity WHERE pid IN ({})",
-                if list.is_empty() {
-                    "0".to_owned()
-                } else {
-                    list.join(",")
-                }
+                pid_list(&self.frozen)
             ));
             let at_rest = rows
                 .first()
@@ -1174,7 +1168,6 @@ impl Round<'_> {
         if pids.is_empty() {
             return "none".to_owned();
         }
-        let list: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
         let rows = self.ctx.db.query(&format!(
             "SELECT a.pid, a.state, coalesce(a.wait_event_type || '/' || a.wait_event, '-'),
                     coalesce((SELECT string_agg(l.locktype || ' ' || l.mode, ', ')
@@ -1182,7 +1175,7 @@ impl Round<'_> {
                     array_to_string(pg_blocking_pids(a.pid), ','),
                     regexp_replace(left(a.query, 50), '[[:space:]]+', ' ', 'g')
                FROM pg_stat_activity a WHERE a.pid IN ({})",
-            list.join(",")
+            pid_list(pids)
         ));
         let each: Vec<String> = rows
             .iter()
@@ -1474,4 +1467,13 @@ fn writer(spec: &WriterSpec, stop: &AtomicBool) -> WriterStats {
         std::thread::sleep(Duration::from_millis(pause));
     }
     stats
+}
+
+/// Process ids for SQL's `IN (…)`: comma-separated, and `0` (no backend's) for none.
+fn pid_list(pids: &[i32]) -> String {
+    if pids.is_empty() {
+        return "0".to_owned();
+    }
+    let list: Vec<String> = pids.iter().map(i32::to_string).collect();
+    list.join(",")
 }
