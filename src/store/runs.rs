@@ -190,7 +190,7 @@ pub async fn save_fenced(
 /// connection: a lock held elsewhere on the outbox or the runs (an application's migration, a
 /// `VACUUM FULL`, a `LOCK TABLE`) would hold them up until the lease expired and the command
 /// was stopped, where without the plan only the save waits for it. So the plan waits for a lock
-/// [`PLAN_LOCK_WAIT`] at most and is given up otherwise, and the session's own `lock_timeout`
+/// 10 ms at most and is given up otherwise, and the session's own `lock_timeout`
 /// is restored right after it.
 pub async fn plan_save_ahead(client: &Client, schema: &Schema) {
     let bounded = client.batch_execute(PLAN_LOCK_WAIT);
