@@ -252,6 +252,88 @@ fn a_head_another_transaction_holds_makes_the_plain_claim_decline_and_skip_its_a
     });
 }
 
+/// The plain claim on `env`'s outbox (batch 10) while another transaction runs `change` (on
+/// `a1`'s second event) and keeps it open: once the claim waits for that event's row lock, the
+/// other transaction commits. Returns what the claim took (rolled back) and how, and the general
+/// claim's batch on the outbox as it is after the change.
+fn plain_claim_across(env: &Env, change: &str) -> ((Vec<String>, Via), Vec<String>) {
+    interleaved(env, 5, 3, 0);
+    runtime().block_on(async {
+        let settings = Settings::new(Some(&env.direct_url)).unwrap();
+        let other = settings.open_client().await.unwrap();
+        let s = &env.schema;
+        other
+            .batch_execute(&format!(
+                "BEGIN; {} WHERE seq = (SELECT seq FROM \"{s}\".outbox WHERE aggregate_id = 'a1'
+                                         ORDER BY seq OFFSET 1 LIMIT 1)",
+                change.replace("{s}", s)
+            ))
+            .await
+            .unwrap();
+        let watcher = settings.open_client().await.unwrap();
+        let db = connect(env).await;
+        let l = limits(10, 1 << 20, Order::Insert);
+        let claiming = claim(&db, None, l, true);
+        let commit = async {
+            // The claim's DELETE waits for the other transaction's row lock: the window was
+            // read before the change committed.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let waiting: i64 = watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                          WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+                        &[&s],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if waiting > 0 {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the plain claim never waited for the changed row"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            other.batch_execute("COMMIT").await.unwrap();
+        };
+        let (taken, ()) = tokio::join!(claiming, commit);
+        let (general, _) = claim(&db, None, l, false).await;
+        (taken, general)
+    })
+}
+
+#[test]
+fn an_event_removed_while_the_plain_claim_waited_for_it_makes_it_decline() {
+    let env = migrated();
+    // a1's second event is deleted by a transaction that commits after the plain claim read
+    // its window: fetched by the ctid it had, the row is gone, and a batch without it would
+    // not be what the general claim takes now.
+    let ((got, via), general) = plain_claim_across(&env, "DELETE FROM \"{s}\".outbox");
+    assert_eq!(via, Via::Fallback(Declined::Locked), "took {got:?}");
+    assert_eq!(
+        got, general,
+        "the general claim's batch, on the outbox as it is now"
+    );
+    assert!(!got.contains(&"a1:1".to_owned()) && got.contains(&"a1:0".to_owned()));
+}
+
+#[test]
+fn an_event_changed_while_the_plain_claim_waited_for_it_stays_in_its_place_in_the_batch() {
+    let env = migrated();
+    // The same with an UPDATE: whichever claim took the batch, a1's second event is in it,
+    // after a1's head, as the general claim takes it.
+    let ((got, via), general) = plain_claim_across(
+        &env,
+        "UPDATE \"{s}\".outbox SET last_error = 'changed meanwhile'",
+    );
+    assert_eq!(got, general, "took by {via:?}");
+    let at = |t: &str| got.iter().position(|g| g == t);
+    assert!(at("a1:0") < at("a1:1") && at("a1:1").is_some(), "{got:?}");
+}
+
 #[test]
 fn a_compressed_payload_makes_the_plain_claim_decline_and_the_batch_stays_within_its_bytes() {
     let env = migrated();

@@ -143,7 +143,8 @@ RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_i
 /// `$3` = the cut-off, `$4` = the batch's payload bytes, `$5` = the `seq`s of a batch this relay
 /// holds on another connection (as [`CLAIM`]'s `$6`). The same placeholders as [`CLAIM`].
 ///
-/// It returns the claimed events and leaves its verdict in [`VERDICT`]: `taken`, `empty`, or
+/// It returns the claimed events and leaves its verdict in [`VERDICT`]: `taken N` (N: how many
+/// events the `DELETE` must have returned, else the batch is not taken: see [`taken`]), `empty`, or
 /// why it took nothing: `held` (an event of some aggregate is
 /// dead or waiting out a retry), `packed` (a payload is stored compressed), `bytes` (the events
 /// exceed `$4`), `spread` (an aggregate's head lies past the first `$1` events but within the
@@ -151,7 +152,9 @@ RETURNING o.seq, o.xid::text::int8 AS xid, o.id, o.aggregate_type, o.aggregate_i
 /// one of the heads).
 const CLAIM_PLAIN: &str = "
 WITH win1 AS MATERIALIZED (
-    SELECT o.seq, o.xid, o.aggregate_type, o.aggregate_id,
+    -- Each row's ctid: the lock of the heads and the DELETE fetch the rows by it (a tid scan)
+    -- instead of descending the primary key once per event, about a tenth of the statement.
+    SELECT o.ctid, o.seq, o.xid, o.aggregate_type, o.aggregate_id,
            pg_column_size(o.payload) AS size,
            pg_column_compression(o.payload) IS NOT NULL AS packed
       FROM {s}.outbox o
@@ -190,7 +193,8 @@ WITH win1 AS MATERIALIZED (
     -- aggregate (the `DELETE` then locks the events behind them).
     SELECT o.seq
       FROM {s}.outbox o
-     WHERE o.seq = ANY (ARRAY(SELECT seq FROM firsts1 WHERE (SELECT declined IS NULL FROM plain)))
+     WHERE o.ctid = ANY (ARRAY(SELECT w.ctid FROM win1 w JOIN firsts1 f ON f.seq = w.seq
+                                WHERE (SELECT declined IS NULL FROM plain)))
        FOR UPDATE SKIP LOCKED
 ), verdict AS MATERIALIZED (
     -- An event skipped by the lock is another transaction's, or gone since the window's
@@ -202,11 +206,15 @@ WITH win1 AS MATERIALIZED (
                            THEN (SELECT declined FROM plain)
                            WHEN (SELECT count(*) FROM locked) < (SELECT count(*) FROM firsts1)
                            THEN 'locked'
-                           ELSE 'taken'
+                           -- With how many events the DELETE must return: it skips a row
+                           -- another transaction changed or removed since the window read it
+                           -- (the newer version is not at the ctid read), and a batch without
+                           -- that event is not a prefix of its aggregate's chain.
+                           ELSE 'taken ' || (SELECT count(*) FROM win1)
                       END, true) AS said
 )
 DELETE FROM {s}.outbox o
- WHERE o.seq = ANY (ARRAY(SELECT seq FROM win1)) AND (SELECT said = 'taken' FROM verdict)
+ WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM win1)) AND (SELECT said LIKE 'taken %' FROM verdict)
 RETURNING o.seq, o.xid, o.id, o.aggregate_type, o.aggregate_id, o.type,
           o.payload::text AS payload, o.created_at, o.attempts, o.next_attempt_at, o.last_error,
           o.dead_at, o.dead_at IS NOT NULL OR o.next_attempt_at > now() AS blocked,
@@ -425,7 +433,8 @@ impl Declined {
             "packed" => Declined::Packed,
             "bytes" => Declined::Bytes,
             "spread" => Declined::Spread,
-            // "locked", or no verdict at all: the general claim decides.
+            // "locked", a `taken N` whose DELETE returned fewer than N events, or no verdict
+            // at all: the general claim decides.
             _ => Declined::Locked,
         }
     }
@@ -529,7 +538,7 @@ async fn claim_once(
         let (rows, set, verdict) =
             begin_and_claim(on, limits, &ask, Some(idle), false, "", true).await?;
         match verdict.as_deref() {
-            Some("taken" | "empty") => {
+            Some(v) if v == "empty" || taken(v) == Some(rows.len()) => {
                 return Ok(Claim {
                     events: sorted(&rows, limits.order),
                     idle: set.unwrap_or_default(),
@@ -548,6 +557,16 @@ async fn claim_once(
         idle: set.unwrap_or_default(),
         via: declined.map_or(Via::General, Via::Fallback),
     })
+}
+
+/// How many events the plain claim's `DELETE` must have returned when its verdict says it took
+/// them (`taken N`). Fewer came back when an event of the window was changed or removed by
+/// another transaction after the window was read: the `DELETE` fetches rows by the ctid the
+/// window saw, and a row that moved is skipped. Its aggregate's later events would then go
+/// without it, so the batch is declined (as [`Declined::Locked`]: another transaction had the
+/// row) and the general claim, which finds rows by `seq`, takes the batch in a new transaction.
+fn taken(verdict: &str) -> Option<usize> {
+    verdict.strip_prefix("taken ")?.parse().ok()
 }
 
 /// The claimed rows as events, in `order`.

@@ -61,15 +61,21 @@
 //!   aggregate must not keep the others waiting);
 //! * each of their aggregates' heads among them could be locked `FOR UPDATE SKIP LOCKED`, as
 //!   the general claim locks them: none is another relay's, or was deleted since the window's
-//!   snapshot; the `DELETE` then takes the events behind them, as the general claim's does.
+//!   snapshot; the `DELETE` then takes the events behind them, as the general claim's does;
+//! * the `DELETE` returned every one of them. The lock and the `DELETE` fetch the rows by the
+//!   `ctid` the window read (a tid scan, where looking each one up by `seq` descended the
+//!   primary key a thousand times a batch: a tenth of the statement), and a row another
+//!   transaction changed or removed since is no longer there; this check is made by the relay,
+//!   from the count the verdict carries (`taken N`).
 //!
-//! If any check fails it deletes nothing and says which ([`Declined`]) in a setting of its
-//! transaction, read in the same round trip (a `DELETE … RETURNING` returns only deleted rows,
-//! and a query around it that could add a row saying so copied every returned row once more);
-//! the relay then rolls its transaction back — with whatever it locked, so no head stays locked
-//! by a claim that took nothing — and sends the general claim in a new one, in the same round
-//! trip as the rollback, and uses the general claim alone for a second before it tries the
-//! plain one again (`relay/plain.rs`). Both claims see the same rules above, so whichever
+//! If one of the first four checks fails it deletes nothing and says which ([`Declined`]) in
+//! a setting of its transaction, read in the same round trip (a `DELETE … RETURNING` returns
+//! only deleted rows, and a query around it that could add a row saying so copied every
+//! returned row once more); the last one fails after the `DELETE`, and counts as
+//! [`Declined::Locked`]. Either way the relay then rolls its transaction back — with whatever
+//! it locked or deleted, so no head stays locked by a claim that took nothing — and sends the
+//! general claim in a new one, in the same round trip as the rollback, and uses the general
+//! claim alone for a second before it tries the plain one again (`relay/plain.rs`). Both claims see the same rules above, so whichever
 //! claimed a batch, the rule below holds.
 //!
 //! A second relay cannot take any event of an aggregate this relay is working on: the head is
