@@ -38,6 +38,7 @@ mod proxy;
 mod relay;
 mod relay_faults;
 mod relay_invariants;
+mod relay_operator;
 mod relay_round;
 mod relay_sinks;
 mod round;

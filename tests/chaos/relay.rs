@@ -329,6 +329,13 @@ fn dump(o: &Outcome) -> String {
         "  writers: {} transactions committed ({} events), {} rolled back, {} failed; the webhook refused {} requests",
         o.writers.committed, o.writers.events, o.writers.rolled_back, o.writers.failed, o.refused
     );
+    if let Some(op) = &o.operator {
+        let _ = writeln!(
+            s,
+            "  operator: {} events re-queued by `outbox retry`, {} retries ended otherwise (the event gone, or the database unavailable), {} killed after their deadline",
+            op.requeued, op.other, op.killed
+        );
+    }
     for p in &o.probes {
         let _ = writeln!(
             s,
@@ -486,11 +493,15 @@ fn relay_chaos() {
             format!("{} VIOLATION(S)", violations.len())
         };
         eprintln!(
-            "relay chaos: round {n} {fault}: {described}: {verdict}; {} committed ({} writer transactions, {} rolled back, {} failed), {} delivered ({:.0}s elapsed)",
+            "relay chaos: round {n} {fault}: {described}: {verdict}; {} committed ({} writer transactions, {} rolled back, {} failed){}, {} delivered ({:.0}s elapsed)",
             fig.committed,
             outcome.writers.committed,
             outcome.writers.rolled_back,
             outcome.writers.failed,
+            outcome.operator.map_or(String::new(), |o| format!(
+                ", {} re-queued by the operator ({} retries ended otherwise, {} killed)",
+                o.requeued, o.other, o.killed
+            )),
             fig.deliveries,
             started.elapsed().as_secs_f64()
         );

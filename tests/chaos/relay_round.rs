@@ -25,6 +25,7 @@ use tokio_postgres::types::Type;
 use crate::procs::{self, now};
 use crate::relay::{RCtx, RelayBounds};
 use crate::relay_faults::{RFault, SinkKind};
+use crate::relay_operator::{operator, OperatorSpec, OperatorStats};
 use crate::relay_sinks::{Arrival, Consumer};
 
 /// How long the harness waits before starting a killed service relay again (a supervisor's
@@ -76,6 +77,9 @@ pub struct Plan {
     pub variant: u32,
     pub hold: f64,
     pub seed: u64,
+    /// Whether an operator runs `leasectl outbox retry` on live events during the round
+    /// ([`crate::relay_operator`]).
+    pub operator: bool,
 }
 
 impl Plan {
@@ -167,6 +171,8 @@ impl Plan {
             variant: rng.random_range(0..1000),
             hold: rng.random_range(1.0..3.0),
             seed: round_seed,
+            // Drawn last, so that a seed still draws the rest of the plan as before.
+            operator: rng.random_bool(0.5),
         }
     }
 
@@ -177,7 +183,7 @@ impl Plan {
             .map(|&o| if o { "once" } else { "service" })
             .collect();
         format!(
-            "{} relay(s) [{}] on {}, --batch {} --timeout {}s{}{}, {} writers, backlog {}, {} cold aggregates{}{}{}",
+            "{} relay(s) [{}] on {}, --batch {} --timeout {}s{}{}, {} writers{}, backlog {}, {} cold aggregates{}{}{}",
             self.slots.len(),
             slots.join(", "),
             self.sink,
@@ -191,6 +197,11 @@ impl Plan {
             self.batch_bytes
                 .map_or(String::new(), |b| format!(" --batch-bytes {b}")),
             self.writers,
+            if self.operator {
+                " and an operator's `outbox retry`"
+            } else {
+                ""
+            },
             self.backlog,
             self.cold,
             if self.large_p > 0.0 {
@@ -330,6 +341,8 @@ pub struct Outcome {
     pub undrained: Option<String>,
     pub consumer_broken: Option<String>,
     pub writers: WriterStats,
+    /// What the operator did, in a round that has one.
+    pub operator: Option<OperatorStats>,
     pub refused: u64,
     pub notes: Vec<String>,
     pub dir: PathBuf,
@@ -464,6 +477,16 @@ impl Round<'_> {
         });
         let stop_writers = Arc::new(AtomicBool::new(false));
         let writers = self.start_writers(&stop_writers);
+        let operator = self.plan.operator.then(|| {
+            let spec = OperatorSpec {
+                bin: self.ctx.cfg.bin.clone(),
+                conninfo: self.ctx.direct_conninfo.clone(),
+                schema: self.ctx.schema.clone(),
+                seed: self.plan.seed.wrapping_add(0x0fe7),
+            };
+            let stop = stop_writers.clone();
+            std::thread::spawn(move || operator(&spec, &stop))
+        });
         let t0 = now();
         let fault_at = t0 + self.plan.fault_delay;
         self.wait_until(fault_at, |_| false);
@@ -483,6 +506,8 @@ impl Round<'_> {
             stats.events += s.events;
             self.tick();
         }
+        // Its last retry ends within its deadline.
+        let operator = operator.map(|o| o.join().unwrap_or_default());
         self.heal();
         // Events of a refused aggregate wait out their backoff: due now.
         self.ctx.db.query(&format!(
@@ -536,6 +561,7 @@ impl Round<'_> {
             undrained,
             consumer_broken: self.consumer.broken.lock().unwrap().clone(),
             writers: stats,
+            operator,
             refused: self.consumer.refused(),
             notes: std::mem::take(&mut self.notes),
             dir: self.dir.clone(),
