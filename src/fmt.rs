@@ -7,7 +7,16 @@ use unicode_width::UnicodeWidthStr;
 /// payloads, `--json` output), whatever the database session's TimeZone. (Migration 0001 also
 /// defines an `rfc3339()` SQL function of the same format; leasectl itself no longer calls it.)
 pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_micros(t).to_string()
+    let mut out = String::with_capacity(27);
+    write_rfc3339(&mut out, t);
+    out
+}
+
+/// [`rfc3339`], appended to `out`.
+pub fn write_rfc3339(out: &mut String, t: SystemTime) {
+    use std::fmt::Write;
+    // Writing into a String cannot fail.
+    let _ = write!(out, "{}", humantime::format_rfc3339_micros(t));
 }
 
 /// The fences of one server timeline: 2^40 acquisitions of a target (35 years at 1,000 a

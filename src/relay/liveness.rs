@@ -275,6 +275,15 @@ impl<'a> Open<'a> {
         }
     }
 
+    /// Whether the transaction is known to be open at `now` without asking the server: not
+    /// lost, its session not closed, and `now` within the window since the last answered
+    /// statement. When this says no, [`Open::may_publish`] decides.
+    pub fn known_open_at(&self, now: Instant) -> bool {
+        self.lost.borrow().is_none()
+            && !self.client.is_closed()
+            && now <= self.confirmed.get() + self.window
+    }
+
     /// Whether an event may start out now: the transaction is known to be open (confirming it
     /// with a round trip when the window since the last answered statement has passed). Once
     /// it says no, it always does.

@@ -25,7 +25,7 @@
 
 use super::Event;
 use crate::fmt::rfc3339;
-use crate::store::outbox::published_json;
+use crate::store::outbox::write_published_json;
 
 /// The CloudEvents version published.
 pub const SPECVERSION: &str = "1.0";
@@ -46,8 +46,16 @@ impl Format {
     /// The event as one JSON object on one line, without a newline: the published object, or the
     /// CloudEvents JSON event format (structured mode) — what stdout and `exec:` publish.
     pub fn document(&self, e: &Event) -> String {
+        let mut out = String::with_capacity(e.payload.len() + 256);
+        self.write_document(&mut out, e);
+        out
+    }
+
+    /// [`Format::document`], appended to `out` (the stdout sink's buffer of a batch).
+    pub fn write_document(&self, out: &mut String, e: &Event) {
         match self {
-            Format::Json => published_json(
+            Format::Json => write_published_json(
+                out,
                 &e.id,
                 &e.aggregate_type,
                 &e.aggregate_id,
@@ -56,7 +64,6 @@ impl Format {
                 e.created_at,
             ),
             Format::CloudEvents { .. } => {
-                let mut out = String::with_capacity(e.payload.len() + 256);
                 out.push('{');
                 for (i, (name, value)) in self.attributes(e).iter().enumerate() {
                     if i > 0 {
@@ -70,7 +77,6 @@ impl Format {
                 out.push_str(",\"data\":");
                 out.push_str(&e.payload);
                 out.push('}');
-                out
             }
         }
     }

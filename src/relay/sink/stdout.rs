@@ -10,21 +10,21 @@ use super::{DeliveryError, Event, Format};
 
 pub struct Stdout {
     format: Format,
-    buffer: RefCell<Vec<u8>>,
+    buffer: RefCell<String>,
 }
 
 impl Stdout {
     pub fn new(format: Format) -> Stdout {
         Stdout {
             format,
-            buffer: RefCell::new(Vec::with_capacity(64 * 1024)),
+            buffer: RefCell::new(String::with_capacity(64 * 1024)),
         }
     }
 
     pub fn deliver(&self, event: &Event) -> Result<(), DeliveryError> {
         let mut buf = self.buffer.borrow_mut();
-        buf.extend_from_slice(self.format.document(event).as_bytes());
-        buf.push(b'\n');
+        self.format.write_document(&mut buf, event);
+        buf.push('\n');
         Ok(())
     }
 
@@ -36,7 +36,7 @@ impl Stdout {
     pub fn flush(&self) -> Result<(), DeliveryError> {
         let mut buf = self.buffer.borrow_mut();
         let mut out = std::io::stdout().lock();
-        let written = out.write_all(&buf).and_then(|_| out.flush());
+        let written = out.write_all(buf.as_bytes()).and_then(|_| out.flush());
         buf.clear();
         written.map_err(|e| DeliveryError::Unavailable(format!("cannot write to stdout: {e}")))
     }

@@ -165,7 +165,7 @@ pub use claim::{
 pub use horizon::{commit_horizon, horizon_holders, xid_holder, Holder, Horizon};
 pub use prepared::Prepared;
 pub use settle::{settle, Settle, SettleFailed};
-pub use wire::published_json;
+pub use wire::{published_json, write_published_json};
 
 /// One outbox event, ready to publish: what every sink gets.
 #[derive(Debug, Clone)]

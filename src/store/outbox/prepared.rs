@@ -47,13 +47,13 @@ impl Prepared {
         self.len() == 0
     }
 
-    /// The statement for `key` on `client`, prepared from `sql` with parameter `types` the
-    /// first time it is asked for.
+    /// The statement for `key` on `client`, prepared from the text `sql` makes, with parameter
+    /// `types`, the first time it is asked for (the text is spliced only then).
     pub(super) async fn statement(
         &self,
         client: &Client,
         key: Key,
-        sql: &str,
+        sql: impl FnOnce() -> String,
         types: &[Type],
     ) -> Result<Statement, tokio_postgres::Error> {
         let known = self
@@ -68,7 +68,7 @@ impl Prepared {
         // Named, so it must never reach a pooler: the relay gives a cache only to a connection
         // that reaches its own server session (see the module documentation).
         #[allow(clippy::disallowed_methods)]
-        let statement = client.prepare_typed(sql, types).await?;
+        let statement = client.prepare_typed(&sql(), types).await?;
         self.statements.borrow_mut().push((key, statement.clone()));
         Ok(statement)
     }

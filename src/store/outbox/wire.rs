@@ -3,7 +3,7 @@
 
 use std::time::SystemTime;
 
-use crate::fmt::rfc3339;
+use crate::fmt::write_rfc3339;
 
 /// The published form: `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
 /// (`relay --format json`, `outbox discard`; [`crate::relay::sink::format`] builds what sinks send)
@@ -17,22 +17,58 @@ pub fn published_json(
     payload: &str,
     created_at: SystemTime,
 ) -> String {
-    let string = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
     let mut out = String::with_capacity(payload.len() + 160);
+    write_published_json(
+        &mut out,
+        id,
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        payload,
+        created_at,
+    );
+    out
+}
+
+/// [`published_json`], appended to `out`: the stdout sink writes a batch's thousand lines into
+/// one buffer without a string of its own for each line and each of its parts.
+pub fn write_published_json(
+    out: &mut String,
+    id: &uuid::Uuid,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    event_type: &str,
+    payload: &str,
+    created_at: SystemTime,
+) {
     out.push_str("{\"id\":\"");
-    out.push_str(&id.hyphenated().to_string());
+    out.push_str(
+        id.hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer()),
+    );
     out.push_str("\",\"aggregate_type\":");
-    out.push_str(&string(aggregate_type));
+    json_string(out, aggregate_type);
     out.push_str(",\"aggregate_id\":");
-    out.push_str(&string(aggregate_id));
+    json_string(out, aggregate_id);
     out.push_str(",\"type\":");
-    out.push_str(&string(event_type));
+    json_string(out, event_type);
     out.push_str(",\"payload\":");
     out.push_str(payload);
     out.push_str(",\"created_at\":\"");
-    out.push_str(&rfc3339(created_at));
+    write_rfc3339(out, created_at);
     out.push_str("\"}");
-    out
+}
+
+/// `s` as a JSON string, appended to `out`: as serde_json writes it, without a copy first when
+/// nothing in it needs escaping (an aggregate's type and id, an event's type, almost always).
+fn json_string(out: &mut String, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        out.push_str(&serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into()));
+    }
 }
 
 #[cfg(test)]
@@ -40,6 +76,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "order",
+            "",
+            "a\"b",
+            "back\\slash",
+            "tab\there",
+            "\u{1}",
+            "\u{7f}del",
+            "zürich/注文",
+            "\u{2028}",
+        ] {
+            let mut out = String::new();
+            json_string(&mut out, s);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+        }
+    }
 
     #[test]
     fn published_json_is_one_valid_line_with_spec_keys() {
