@@ -146,6 +146,30 @@ fn the_plain_claim_is_prepared_once_per_connection() {
         let (_, via) = claim(&db, Some(&prepared), l, false).await;
         assert_eq!(via, Via::General);
         assert_eq!(prepared.len(), 2, "the general claim, prepared too");
+        // Planned once, not again at every execution (PostgreSQL plans a prepared statement
+        // for its values at least five times before it considers one plan for all).
+        for _ in 0..6 {
+            claim(&db, Some(&prepared), l, true).await;
+        }
+        let plans: Vec<(i64, i64)> = db
+            .client
+            .query_typed(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+                  WHERE statement LIKE '%DELETE FROM%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(plans.len(), 2, "{plans:?}");
+        assert!(
+            plans
+                .iter()
+                .all(|&(generic, custom)| generic >= 1 && custom == 0),
+            "every execution of the claims ran the one plan made for any values: {plans:?}"
+        );
 
         // A cache that outlived its statements (the server forgot them): forgotten, and the
         // claim still goes out.
