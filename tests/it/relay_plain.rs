@@ -129,23 +129,27 @@ fn the_plain_claim_is_prepared_once_per_connection() {
         let l = limits(10, 1 << 20, Order::Insert);
         let (first, via) = claim(&db, Some(&prepared), l, true).await;
         assert_eq!(via, Via::Plain);
-        assert_eq!(prepared.len(), 1, "the plain claim, prepared");
+        assert_eq!(
+            prepared.len(),
+            3,
+            "the plain claim, the idle timeout's and the verdict's statements, prepared"
+        );
         let named: i64 = db
             .client
             .query_one("SELECT count(*) FROM pg_prepared_statements", &[])
             .await
             .unwrap()
             .get(0);
-        assert!(named >= 1, "a named statement on the server");
+        assert!(named >= 3, "named statements on the server");
         let (again, _) = claim(&db, Some(&prepared), l, true).await;
         assert_eq!(
             again, first,
             "the prepared statement claims the same (rolled back) batch"
         );
-        assert_eq!(prepared.len(), 1, "prepared once");
+        assert_eq!(prepared.len(), 3, "prepared once");
         let (_, via) = claim(&db, Some(&prepared), l, false).await;
         assert_eq!(via, Via::General);
-        assert_eq!(prepared.len(), 2, "the general claim, prepared too");
+        assert_eq!(prepared.len(), 4, "the general claim, prepared too");
         // Planned once, not again at every execution (PostgreSQL plans a prepared statement
         // for its values at least five times before it considers one plan for all).
         for _ in 0..6 {

@@ -1,4 +1,4 @@
-//! The claim statements prepared once per connection ([`Prepared`]): parsed and planned once,
+//! The claim's statements prepared once per connection ([`Prepared`]): parsed and planned once,
 //! then only bound and executed for every batch.
 //!
 //! Only for a connection that reaches its own server session: behind a transaction-mode pooler
@@ -16,14 +16,19 @@ use tokio_postgres::{Client, Statement};
 
 use crate::model::order::Order;
 
-/// Which claim statement: the general one or the plain one, for an order.
+/// Which statement of a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Key {
-    pub(super) order: Order,
-    pub(super) plain: bool,
+pub(super) enum Key {
+    /// The general claim or the plain one, for an order.
+    Claim { order: Order, plain: bool },
+    /// The batch transaction's idle timeout (`SET_IDLE`).
+    SetIdle,
+    /// The read of the plain claim's verdict (`PLAIN_VERDICT`).
+    Verdict,
 }
 
-/// The claim statements prepared on one connection (at most four: two statements, two orders).
+/// The claim statements prepared on one connection (at most six: two claims for each of two
+/// orders, the idle timeout's and the verdict's).
 #[derive(Default)]
 pub struct Prepared {
     // A RefCell, never borrowed across an await: the relay's claims on its two connections
