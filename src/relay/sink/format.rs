@@ -2,7 +2,7 @@
 //! for every sink.
 //!
 //! * `json` (the default): the published object `{"id","aggregate_type","aggregate_id","type","payload",
-//!   "created_at"}` ([`crate::store::outbox::published_json`]), as every sink's body.
+//!   "created_at"}` ([`crate::store::outbox::Published`]), as every sink's body.
 //! * `cloudevents`: [CloudEvents 1.0](https://github.com/cloudevents/spec). Its attributes are
 //!   `specversion` `1.0`, `id` (the event id), `source` (`--source`, default `leasectl://SCHEMA`),
 //!   `type`, `subject` (`aggregate_type/aggregate_id`), `time` (`created_at`, RFC 3339),
@@ -19,13 +19,13 @@
 //!   `content-type` property = `datacontenttype`) and NATS (`ce-*` headers, `datacontenttype`
 //!   included).
 //!
-//! The JSON is built by hand, as [`crate::store::outbox::published_json`] is: the payload is
+//! The JSON is built by hand, as [`crate::store::outbox::Published`] is: the payload is
 //! PostgreSQL's own jsonb text, spliced in as it is (valid JSON, never a raw newline), which
 //! spares a parse and a re-serialisation per event.
 
 use super::Event;
 use crate::fmt::rfc3339;
-use crate::store::outbox::write_published_json;
+use crate::store::outbox::Published;
 
 /// The CloudEvents version published.
 pub const SPECVERSION: &str = "1.0";
@@ -54,15 +54,15 @@ impl Format {
     /// [`Format::document`], appended to `out` (the stdout sink's buffer of a batch).
     pub fn write_document(&self, out: &mut String, e: &Event) {
         match self {
-            Format::Json => write_published_json(
-                out,
-                &e.id,
-                &e.aggregate_type,
-                &e.aggregate_id,
-                &e.event_type,
-                &e.payload,
-                e.created_at,
-            ),
+            Format::Json => Published {
+                id: &e.id,
+                aggregate_type: &e.aggregate_type,
+                aggregate_id: &e.aggregate_id,
+                event_type: &e.event_type,
+                payload: &e.payload,
+                created_at: e.created_at,
+            }
+            .write_json(out),
             Format::CloudEvents { .. } => {
                 out.push('{');
                 for (i, (name, value)) in self.attributes(e).iter().enumerate() {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
-use super::wire::published_json;
+use super::wire::Published;
 use crate::db::Schema;
 use crate::store::sql;
 
@@ -292,14 +292,16 @@ pub async fn discard(
         .await
         .context("cannot discard the event")?;
     if let Some(r) = rows.first() {
-        let json = published_json(
-            &r.get("id"),
-            r.get("aggregate_type"),
-            r.get("aggregate_id"),
-            r.get("type"),
-            r.get("payload"),
-            r.get("created_at"),
-        );
+        let id = r.get("id");
+        let json = Published {
+            id: &id,
+            aggregate_type: r.get("aggregate_type"),
+            aggregate_id: r.get("aggregate_id"),
+            event_type: r.get("type"),
+            payload: r.get("payload"),
+            created_at: r.get("created_at"),
+        }
+        .json();
         return Ok(Ok(Discarded {
             json,
             dead: r.get("dead"),

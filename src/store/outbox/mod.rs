@@ -46,8 +46,9 @@
 //! window, and [`claim`] tries a plainer statement first (`CLAIM_PLAIN`; not when the claim
 //! looks past its window, which only the general claim does) that costs less: the first
 //! `--batch` events (and the rest of the general claim's window only when some aggregate has
-//! more than one event among them), one count of their aggregates, one lock of their heads, the
-//! `DELETE`; no join, sort or running sum, and no copy of the rows. It takes exactly what
+//! more than one event among them), one count of their aggregates, one lock of their heads
+//! (found among those events by a hash join, for their `ctid`s), the `DELETE`; no sort or
+//! running sum, and no copy of the rows. It takes exactly what
 //! the general claim would — the first `--batch` events of the window, in the same order — and
 //! checks, in the statement itself, that the general claim would take just those:
 //!
@@ -165,7 +166,7 @@ pub use claim::{
 pub use horizon::{commit_horizon, horizon_holders, xid_holder, Holder, Horizon};
 pub use prepared::Prepared;
 pub use settle::{settle, Settle, SettleFailed};
-pub use wire::{published_json, write_published_json};
+pub use wire::Published;
 
 /// One outbox event, ready to publish: what every sink gets.
 #[derive(Debug, Clone)]

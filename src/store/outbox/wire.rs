@@ -5,58 +5,48 @@ use std::time::SystemTime;
 
 use crate::fmt::write_rfc3339;
 
-/// The published form: `{"id","aggregate_type","aggregate_id","type","payload","created_at"}`
-/// (`relay --format json`, `outbox discard`; [`crate::relay::sink::format`] builds what sinks send)
-/// on one line. `payload` is PostgreSQL's own jsonb text, spliced in as it is (valid JSON, never
-/// a raw newline), which spares a parse and re-serialisation per event.
-pub fn published_json(
-    id: &uuid::Uuid,
-    aggregate_type: &str,
-    aggregate_id: &str,
-    event_type: &str,
-    payload: &str,
-    created_at: SystemTime,
-) -> String {
-    let mut out = String::with_capacity(payload.len() + 160);
-    write_published_json(
-        &mut out,
-        id,
-        aggregate_type,
-        aggregate_id,
-        event_type,
-        payload,
-        created_at,
-    );
-    out
+/// An event in its published form: `{"id","aggregate_type","aggregate_id","type","payload",
+/// "created_at"}` (`relay --format json`, `outbox discard`; [`crate::relay::sink::format`] builds
+/// what sinks send) on one line. `payload` is PostgreSQL's own jsonb text, spliced in as it is
+/// (valid JSON, never a raw newline), which spares a parse and re-serialisation per event.
+pub struct Published<'a> {
+    pub id: &'a uuid::Uuid,
+    pub aggregate_type: &'a str,
+    pub aggregate_id: &'a str,
+    pub event_type: &'a str,
+    pub payload: &'a str,
+    pub created_at: SystemTime,
 }
 
-/// [`published_json`], appended to `out`: the stdout sink writes a batch's thousand lines into
-/// one buffer without a string of its own for each line and each of its parts.
-pub fn write_published_json(
-    out: &mut String,
-    id: &uuid::Uuid,
-    aggregate_type: &str,
-    aggregate_id: &str,
-    event_type: &str,
-    payload: &str,
-    created_at: SystemTime,
-) {
-    out.push_str("{\"id\":\"");
-    out.push_str(
-        id.hyphenated()
-            .encode_lower(&mut uuid::Uuid::encode_buffer()),
-    );
-    out.push_str("\",\"aggregate_type\":");
-    json_string(out, aggregate_type);
-    out.push_str(",\"aggregate_id\":");
-    json_string(out, aggregate_id);
-    out.push_str(",\"type\":");
-    json_string(out, event_type);
-    out.push_str(",\"payload\":");
-    out.push_str(payload);
-    out.push_str(",\"created_at\":\"");
-    write_rfc3339(out, created_at);
-    out.push_str("\"}");
+impl Published<'_> {
+    /// The line, without its newline.
+    pub fn json(&self) -> String {
+        let mut out = String::with_capacity(self.payload.len() + 160);
+        self.write_json(&mut out);
+        out
+    }
+
+    /// [`Published::json`], appended to `out`: the stdout sink writes a batch's thousand lines
+    /// into one buffer without a string of its own for each line and each of its parts.
+    pub fn write_json(&self, out: &mut String) {
+        out.push_str("{\"id\":\"");
+        out.push_str(
+            self.id
+                .hyphenated()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        );
+        out.push_str("\",\"aggregate_type\":");
+        json_string(out, self.aggregate_type);
+        out.push_str(",\"aggregate_id\":");
+        json_string(out, self.aggregate_id);
+        out.push_str(",\"type\":");
+        json_string(out, self.event_type);
+        out.push_str(",\"payload\":");
+        out.push_str(self.payload);
+        out.push_str(",\"created_at\":\"");
+        write_rfc3339(out, self.created_at);
+        out.push_str("\"}");
+    }
 }
 
 /// `s` as a JSON string, appended to `out`: as serde_json writes it, without a copy first when
@@ -100,14 +90,15 @@ mod tests {
     fn published_json_is_one_valid_line_with_spec_keys() {
         let id = uuid::Uuid::nil();
         let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
-        let s = published_json(
-            &id,
-            "order",
-            "4\"2\n",
-            "order.paid",
-            r#"{"total": 1500}"#,
-            t,
-        );
+        let s = Published {
+            id: &id,
+            aggregate_type: "order",
+            aggregate_id: "4\"2\n",
+            event_type: "order.paid",
+            payload: r#"{"total": 1500}"#,
+            created_at: t,
+        }
+        .json();
         assert!(!s.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
