@@ -436,7 +436,7 @@ pub enum Declined {
     Bytes,
     /// An aggregate's head lies past the events it would take.
     Spread,
-    /// Another transaction holds, or removed, one of the events.
+    /// Another transaction holds, changed or removed one of the events.
     Locked,
 }
 
@@ -460,7 +460,7 @@ impl Declined {
             Declined::Packed => "a payload is stored compressed",
             Declined::Bytes => "the batch exceeds --batch-bytes",
             Declined::Spread => "aggregates' heads lie past the batch",
-            Declined::Locked => "another transaction holds some of the events",
+            Declined::Locked => "another transaction holds, changed or removed some of the events",
         }
     }
 }
