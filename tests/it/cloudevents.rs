@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::common::*;
 use crate::events::*;
-use crate::relay_sinks::{consume, key, no_content, runtime, ExchangeGuard, StreamGuard, Webhook};
+use crate::relay_sinks::{consume, key, no_content, ExchangeGuard, StreamGuard, Webhook};
 use crate::sink_brokers::{
     amqp_url, bound_queue, header, jetstream, nats_url, rabbit, stream_messages, unique,
 };

@@ -74,7 +74,8 @@ macro_rules! via_pooler {
     };
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A current-thread runtime with I/O and timers, for a test's own async client work.
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

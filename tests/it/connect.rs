@@ -334,7 +334,7 @@ fn a_session_ended_for_idling_in_a_transaction_and_a_read_only_refusal_count_as_
         env.scalar("SELECT current_setting('port')"),
         env.scalar("SELECT current_user"),
     );
-    super::relay_sinks::runtime().block_on(async {
+    crate::common::runtime().block_on(async {
         // The server sends its idle-in-transaction FATAL unasked; a relay stopped in a batch
         // reads it as the answer to its next statement. The same error, raised on purpose:
         let (client, connection) = tokio_postgres::connect(&direct, tokio_postgres::NoTls)

@@ -83,10 +83,7 @@ fn a_database_that_stops_answering_makes_the_holder_stop_its_command_before_the_
     ]));
     let child: i32 = wait_for_file(&pidfile).parse().unwrap();
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut client = Settings::new(Some(&env.url)).unwrap().open_client().await.unwrap();
         let tx = client.transaction().await.unwrap();
@@ -124,10 +121,7 @@ fn a_lock_held_on_the_outbox_holds_up_the_save_not_the_heartbeats() {
     let env = Env::new();
     assert_eq!(code(&env.run(&["migrate"])), 0);
     let done = env.path("done");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut client = Settings::new(Some(&env.direct_url))
             .unwrap()

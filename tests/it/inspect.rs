@@ -337,10 +337,7 @@ fn a_ledger_from_before_checksums_gets_them_on_upgrade_and_they_are_checked() {
 fn outbox_inserts_notify_relays_whether_leasectl_or_an_application_wrote_them() {
     let env = Env::new();
     env.run(&["migrate"]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let settings = leasectl::db::Settings::new(Some(&env.url)).unwrap();
         let db = leasectl::db::Db::connect(settings, leasectl::db::Schema::new(&env.schema)).await.unwrap();
@@ -390,10 +387,7 @@ impl IdleMark {
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = runtime();
             rt.block_on(async {
                 let client = leasectl::db::Settings::new(Some(&url)).unwrap().open_client().await.unwrap();
                 client

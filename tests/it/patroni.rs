@@ -445,10 +445,7 @@ impl Writer {
         let written = Arc::new(Mutex::new(Written::default()));
         let (stopping, record) = (stop.clone(), written.clone());
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = runtime();
             rt.block_on(async move {
                 let settings = leasectl::db::Settings::new(Some(&url)).unwrap();
                 let mut client = None;

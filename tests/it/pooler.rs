@@ -10,10 +10,7 @@ use crate::common::*;
 
 /// Runs SQL through `url` and returns the first column of every row.
 fn column(url: &str, sql: &str) -> Vec<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let client = leasectl::db::Settings::new(Some(url))
             .unwrap()

@@ -335,10 +335,7 @@ fn a_waiter_waits_out_a_database_that_has_no_connection_for_it_yet_but_not_a_ref
     let app = Role::new(&env);
     app.grant(&env);
     admin(&format!("ALTER ROLE \"{}\" CONNECTION LIMIT 1", app.name));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let held = rt.block_on(async {
         leasectl::db::Settings::new(Some(&app.url))
             .unwrap()

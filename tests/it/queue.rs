@@ -440,10 +440,7 @@ fn a_waiter_leaving_while_another_joins_leaves_the_queue_marked_for_the_joiner()
     let holder = hold_until(&env, "t", "gate", &[]);
     let mut leaver = env.spawn(&["run", "--target", "t", "--wait", "--", "true"]);
     wait_for("the leaver to queue", || queued(&env, "t") == 1);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let joiner = rt.block_on(async {
         let c = leasectl::db::Settings::new(Some(&env.direct_url))
             .unwrap()

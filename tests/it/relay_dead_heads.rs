@@ -136,10 +136,7 @@ fn every_live_event_behind_dead_heads_is_delivered_in_order_in_commit_order_too(
 /// `EXPLAIN (ANALYZE, BUFFERS)`, and the plan as text for a failure message.
 fn claim_buffers(env: &Env, order: leasectl::model::order::Order, reach: bool) -> (i64, String) {
     use leasectl::store::outbox::{explain_claim, ClaimLimits};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let settings = leasectl::db::Settings::new(Some(&env.direct_url)).unwrap();
         let db = leasectl::db::Db::connect(settings, leasectl::db::Schema::new(&env.schema))
@@ -166,18 +163,14 @@ fn claim_buffers(env: &Env, order: leasectl::model::order::Order, reach: bool) -
 fn vacuum_analyze(env: &Env) {
     let url = env.direct_url.clone();
     let vacuum = format!("VACUUM ANALYZE \"{}\".outbox", env.schema);
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(async move {
-            let client = leasectl::db::Settings::new(Some(&url))
-                .unwrap()
-                .open_client()
-                .await
-                .unwrap();
-            client.batch_execute(&vacuum).await.unwrap();
-        });
+    runtime().block_on(async move {
+        let client = leasectl::db::Settings::new(Some(&url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap();
+        client.batch_execute(&vacuum).await.unwrap();
+    });
 }
 
 /// What a claim may touch beyond what it touches without the dead events: a fixed allowance

@@ -366,10 +366,7 @@ fn cut_after_the_batchs_commit() -> u16 {
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime();
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             loop {

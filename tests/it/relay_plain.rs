@@ -20,13 +20,6 @@ use leasectl::store::outbox::{
 use crate::common::*;
 use crate::events::*;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 async fn connect(env: &Env) -> Db {
     let settings = Settings::new(Some(&env.direct_url)).unwrap();
     Db::connect(settings, Schema::new(&env.schema))

@@ -25,13 +25,6 @@ use crate::sink_brokers::{
 };
 use crate::sink_local::{closed_port, status, Answer, Peer, Request};
 
-pub(crate) fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 // ---------------------------------------------------------------------------------------------
 // The relay.
 

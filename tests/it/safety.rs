@@ -524,10 +524,7 @@ fn slow_heartbeats(env: &Env, target: &str, secs: f64) {
 /// before the lease could expire, judged on the database's clock from the last heartbeat
 /// the database recorded, and how long after that heartbeat it was seen dead.
 fn died_before_expiry(env: &Env, target: &str, command: i32, ttl: Duration) -> (bool, String) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let mut client = leasectl::db::Settings::new(Some(&env.url))
             .unwrap()

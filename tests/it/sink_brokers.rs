@@ -38,11 +38,7 @@ pub(crate) fn nats_url() -> String {
 
 /// Runs `f` on a current-thread runtime, like the relay.
 fn run<F: Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+    crate::common::runtime().block_on(f)
 }
 
 /// A name no other test (or run) uses: `prefix` plus 12 hex digits.

@@ -14,14 +14,7 @@ use leasectl::relay::sink::{DeliveryError, Event, Format, Gate, SinkOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::common::{alive, wait_for, PATIENCE};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use crate::common::{alive, runtime, wait_for, PATIENCE};
 
 fn opts(timeout: Duration) -> SinkOptions {
     SinkOptions {
