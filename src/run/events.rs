@@ -16,15 +16,23 @@
 //! swapped directory does not redirect it), with `O_NONBLOCK | O_NOFOLLOW`, and reads only a
 //! regular file: anything else is a malformed events file (exit 65), found without ever blocking.
 //!
-//! A leasectl that is SIGKILLed cannot remove its directory. So the directory also holds a
-//! `lock` file that the owner keeps `flock`ed (not inherited by the command: close-on-exec), and
-//! a sweep removes the directories of the same user whose lock nobody holds — their owner is
-//! gone, whatever pid namespace it ran in — once they are older than `SWEEP_AFTER` (a directory
-//! that young may be one whose owner has not locked it yet). The sweep reads the whole
-//! temporary directory and opens every stale entry, so it is not on every run's path: one run in
-//! `SWEEP_ONE_IN`, drawn at random, sweeps (abandoned directories are rare — only a SIGKILLed
-//! run leaves one — so they still go soon, and never pile up), and so does any run whose
-//! directory cannot be created (the temporary directory may be full of them).
+//! Where the file lives: in this user's directory under the temporary directory,
+//! `leasectl-<uid>` (mode 0700, created once and kept), as `events-<pid>-<random>.jsonl` beside
+//! its `.lock`. Creating and removing a directory for every run cost more than the rest of the
+//! file's handling together: a directory holds a data block, and freeing a block on a filesystem
+//! mounted with `discard` (common on cloud disks) waits for the device to discard it, about a
+//! millisecond on every run's path. Two empty files hold no block. A name the user does not own
+//! as a private directory (another user's, a symbolic link, open to others) is never used: the
+//! run then gets a directory of its own, `leasectl-events-<pid>-<random>`, removed after it.
+//!
+//! A leasectl that is SIGKILLed cannot remove its files. So the owner keeps the `.lock` file
+//! `flock`ed (not inherited by the command: close-on-exec), and a sweep removes the files (or
+//! directories) of the same user whose lock nobody holds — their owner is gone, whatever pid
+//! namespace it ran in — once they are older than `SWEEP_AFTER` (a lock that young may be one
+//! whose owner has not locked it yet). The sweep reads the whole directory and opens every stale
+//! entry, so it is not on every run's path: one run in `SWEEP_ONE_IN`, drawn at random, sweeps
+//! (abandoned files are rare — only a SIGKILLed run leaves them — so they still go soon, and
+//! never pile up), and so does any run whose file cannot be created.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read};
@@ -43,11 +51,15 @@ pub const VAR: &str = "LEASECTL_EVENTS";
 /// The keys of one line, all required, none other allowed.
 const KEYS: [&str; 4] = ["aggregate_type", "aggregate_id", "type", "payload"];
 
-/// The prefix of the directories under the temporary directory.
-const PREFIX: &str = "leasectl-events-";
+/// The prefix of this user's directory under the temporary directory (`leasectl-<uid>`).
+const USER_DIR_PREFIX: &str = "leasectl-";
 
-/// The file's name in its directory.
-const NAME: &str = "events.jsonl";
+/// The prefix of one run's files in that directory (`events-<pid>-<random>.jsonl` and `.lock`).
+const RUN_PREFIX: &str = "events-";
+
+/// The prefix of a run's own directory under the temporary directory, where the user's cannot be
+/// used.
+const PREFIX: &str = "leasectl-events-";
 
 /// How a name the command could have replaced is opened: never waiting (a FIFO without a
 /// writer), never following a symbolic link, never taking a terminal as ours.
@@ -63,13 +75,18 @@ const SWEEP_AFTER: Duration = Duration::from_secs(60);
 /// One run in this many sweeps (see the module docs).
 const SWEEP_ONE_IN: u32 = 32;
 
-/// The file and its private directory, removed when dropped.
+/// The file and its lock (and the directory, when it is the run's own), removed when dropped.
 pub struct EventsFile {
     dir: PathBuf,
-    /// The directory we created, opened right after: the file is read relative to it.
+    /// The directory, opened before the files were made in it: the file is read relative to it.
     dir_fd: File,
+    /// Whether the directory is this run's own (removed with the files).
+    own_dir: bool,
+    /// The file's and the lock's names in the directory.
+    name: String,
+    lock_name: String,
     path: PathBuf,
-    /// Held while we live: tells a sweep that the directory is in use.
+    /// Held while we live: tells a sweep that the files are in use.
     _lock: Flock<File>,
 }
 
@@ -103,24 +120,20 @@ impl EventsFile {
     }
 
     fn create_in(tmp: &Path) -> io::Result<EventsFile> {
-        let dir = tmp.join(format!(
-            "{PREFIX}{}-{:016x}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        DirBuilder::new().mode(0o700).create(&dir)?;
-        match fill(&dir) {
-            Ok((dir_fd, path, lock)) => Ok(EventsFile {
-                dir,
-                dir_fd,
-                path,
-                _lock: lock,
-            }),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                Err(e)
-            }
+        let run = format!("{}-{:016x}", std::process::id(), fastrand::u64(..));
+        if let Some((dir, dir_fd)) = user_dir(tmp) {
+            let stem = format!("{RUN_PREFIX}{run}");
+            let names = (format!("{stem}.jsonl"), format!("{stem}.lock"));
+            return fill(dir, dir_fd, false, names);
         }
+        let dir = tmp.join(format!("{PREFIX}{run}"));
+        DirBuilder::new().mode(0o700).create(&dir)?;
+        let names = ("events.jsonl".to_owned(), "lock".to_owned());
+        let filled = File::open(&dir).and_then(|fd| fill(dir.clone(), fd, true, names));
+        if filled.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        filled
     }
 
     pub fn path(&self) -> &Path {
@@ -158,7 +171,7 @@ impl EventsFile {
     fn open(&self) -> Result<File, String> {
         let not_regular =
             |kind: &str| format!("{VAR} is not a regular file (the command left {kind} there)");
-        match nix::fcntl::openat(&self.dir_fd, NAME, NEVER_BLOCK, Mode::empty()) {
+        match nix::fcntl::openat(&self.dir_fd, self.name.as_str(), NEVER_BLOCK, Mode::empty()) {
             Ok(fd) => {
                 let file = File::from(fd);
                 let kind = file
@@ -175,7 +188,7 @@ impl EventsFile {
             Err(errno) => {
                 let there = nix::sys::stat::fstatat(
                     &self.dir_fd,
-                    NAME,
+                    self.name.as_str(),
                     nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
                 );
                 match there.ok().and_then(|st| describe_mode(st.st_mode)) {
@@ -220,29 +233,81 @@ fn describe_mode(mode: libc::mode_t) -> Option<&'static str> {
 }
 
 impl Drop for EventsFile {
-    /// Removes the directory and whatever the command left in it (a directory in place of the
-    /// file included); a symbolic link in it is removed, never followed.
+    /// Removes the file, whatever the command left in its place (a directory included; a
+    /// symbolic link is removed, never followed), then the lock, still held: a sweep cannot
+    /// take it meanwhile. A directory of the run's own goes whole.
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.own_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        remove_entry(&self.path);
+        let _ = std::fs::remove_file(self.dir.join(&self.lock_name));
     }
 }
 
-/// The directory opened, the locked `lock` file and the empty events file in a new directory.
-fn fill(dir: &Path) -> io::Result<(File, PathBuf, Flock<File>)> {
-    let dir_fd = File::open(dir)?;
+/// This user's directory under `tmp` ([`USER_DIR_PREFIX`]`<uid>`), created if missing, and
+/// opened; `None` if that name is anything but a directory of this user's that only they can
+/// enter (another user's, a symbolic link, a file, open to others), or cannot be made.
+fn user_dir(tmp: &Path) -> Option<(PathBuf, File)> {
+    let uid = nix::unistd::geteuid().as_raw();
+    let dir = tmp.join(format!("{USER_DIR_PREFIX}{uid}"));
+    match DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let fd = OpenOptions::new()
+        .read(true)
+        .custom_flags((OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC).bits())
+        .open(&dir)
+        .ok()?;
+    let meta = fd.metadata().ok()?;
+    let private = meta.is_dir() && meta.uid() == uid && meta.mode() & 0o777 == 0o700;
+    private.then_some((dir, fd))
+}
+
+/// The locked lock file and the empty events file (`names`: the file's, the lock's) in `dir`.
+fn fill(
+    dir: PathBuf,
+    dir_fd: File,
+    own_dir: bool,
+    (name, lock_name): (String, String),
+) -> io::Result<EventsFile> {
     let lock = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(dir.join("lock"))?;
+        .open(dir.join(&lock_name))?;
     let lock = Flock::lock(lock, FlockArg::LockExclusiveNonblock).map_err(|(_, e)| e)?;
-    let path = dir.join(NAME);
-    OpenOptions::new()
+    let path = dir.join(&name);
+    let made = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)?;
-    Ok((dir_fd, path, lock))
+        .open(&path);
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(dir.join(&lock_name));
+        return Err(e);
+    }
+    Ok(EventsFile {
+        dir,
+        dir_fd,
+        own_dir,
+        name,
+        lock_name,
+        path,
+        _lock: lock,
+    })
+}
+
+/// Removes whatever is at `path`: a directory with what it holds, anything else unlinked (a
+/// symbolic link itself, never what it points to).
+fn remove_entry(path: &Path) {
+    let _ = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        _ => std::fs::remove_file(path),
+    };
 }
 
 /// [`SWEEP_ONE_IN`], or in debug builds `LEASECTL_TEST_SWEEP_ONE_IN` (tests make every run
@@ -261,14 +326,42 @@ fn sweep_due(draw: u32) -> bool {
     draw == 0
 }
 
-/// Removes this user's event directories under `tmp` whose owner is gone: older than
-/// [`SWEEP_AFTER`], with a lock file nobody holds (or none: a directory from before the lock).
-/// Best effort: a directory that cannot be read or removed is left alone.
+/// Whether `meta` is this user's and older than [`SWEEP_AFTER`].
+fn stale(meta: &std::fs::Metadata, uid: u32) -> bool {
+    let old = meta
+        .modified()
+        .ok()
+        .and_then(|m| SystemTime::now().duration_since(m).ok())
+        .is_some_and(|age| age >= SWEEP_AFTER);
+    meta.uid() == uid && old
+}
+
+/// Whether the owner of the lock at `lock` is gone: nobody holds it (or there is none). Opened
+/// as the events file is: a FIFO or a link left in place of the lock by a command must not hang
+/// or redirect the sweep. Closing the file releases the lock taken here.
+fn abandoned(lock: &Path) -> bool {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(NEVER_BLOCK.bits())
+        .open(lock);
+    match file {
+        Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
+}
+
+/// Removes this user's leftovers under `tmp` whose owner is gone: in this user's directory, the
+/// files of runs whose lock nobody holds (or that have none) once older than [`SWEEP_AFTER`];
+/// beside it, the runs' own directories likewise. Best effort: what cannot be read or removed is
+/// left alone.
 fn sweep(tmp: &Path) {
+    let uid = nix::unistd::geteuid().as_raw();
+    if let Some((dir, _fd)) = user_dir(tmp) {
+        sweep_user_dir(&dir, uid);
+    }
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
     };
-    let uid = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
         if !entry.file_name().to_string_lossy().starts_with(PREFIX) {
             continue;
@@ -277,27 +370,39 @@ fn sweep(tmp: &Path) {
         let Ok(meta) = std::fs::symlink_metadata(&dir) else {
             continue;
         };
-        let old = meta
-            .modified()
-            .ok()
-            .and_then(|m| SystemTime::now().duration_since(m).ok())
-            .is_some_and(|age| age >= SWEEP_AFTER);
-        if !meta.is_dir() || meta.uid() != uid || !old {
+        if meta.is_dir() && stale(&meta, uid) && abandoned(&dir.join("lock")) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
+/// [`sweep`] in this user's directory: each run's `.jsonl` and `.lock`, judged by whichever of
+/// them is there (the lock first).
+fn sweep_user_dir(dir: &Path, uid: u32) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name
+            .strip_suffix(".lock")
+            .or_else(|| name.strip_suffix(".jsonl"))
+            .filter(|s| s.starts_with(RUN_PREFIX))
+        else {
+            continue;
+        };
+        if !seen.insert(stem.to_owned()) {
             continue;
         }
-        // Opened as the events file is: a FIFO or a link left in place of the lock by a command
-        // must not hang or redirect the sweep.
-        let lock = OpenOptions::new()
-            .read(true)
-            .custom_flags(NEVER_BLOCK.bits())
-            .open(dir.join("lock"));
-        let abandoned = match lock {
-            // Ours to remove only while we hold its lock (closing the file releases it).
-            Ok(f) => Flock::lock(f, FlockArg::LockExclusiveNonblock).is_ok(),
-            Err(e) => e.kind() == io::ErrorKind::NotFound,
-        };
-        if abandoned {
-            let _ = std::fs::remove_dir_all(&dir);
+        let (file, lock) = (
+            dir.join(format!("{stem}.jsonl")),
+            dir.join(format!("{stem}.lock")),
+        );
+        let meta = std::fs::symlink_metadata(&lock).or_else(|_| std::fs::symlink_metadata(&file));
+        if meta.is_ok_and(|m| stale(&m, uid)) && abandoned(&lock) {
+            remove_entry(&file);
+            let _ = std::fs::remove_file(&lock);
         }
     }
 }
@@ -379,21 +484,64 @@ mod tests {
         let mode = std::fs::metadata(f.path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let dir = f.path().parent().unwrap().to_owned();
+        let uid = nix::unistd::geteuid().as_raw();
+        assert_eq!(dir, std::env::temp_dir().join(format!("leasectl-{uid}")));
         assert_eq!(
             std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
             0o700
         );
+        let lock = f.path().with_extension("lock");
+        assert!(lock.exists());
         std::fs::write(f.path(), "x".repeat(11)).unwrap();
         assert!(
             matches!(f.read(10), JobEvents::Refused(why, raw) if why.contains("--events-limit") && raw.len() == 10)
         );
+        let path = f.path().to_owned();
+        drop(f);
+        assert!(!path.exists());
+        assert!(!lock.exists());
+        assert!(dir.exists(), "the user's directory is kept");
+    }
+
+    /// Where the user's directory is not theirs alone (open to others here; another user's or
+    /// a symbolic link likewise), the run gets a directory of its own, removed with the file.
+    #[test]
+    fn a_user_directory_open_to_others_is_not_used() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let shared = tmp.path().join(format!("leasectl-{uid}"));
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let f = EventsFile::create_in(tmp.path()).unwrap();
+        let dir = f.path().parent().unwrap().to_owned();
+        assert!(
+            dir.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(PREFIX),
+            "{dir:?}"
+        );
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         drop(f);
         assert!(!dir.exists());
+        assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
+        // A symbolic link by that name is not followed either.
+        std::fs::remove_dir(&shared).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &shared).unwrap();
+        let f = EventsFile::create_in(tmp.path()).unwrap();
+        assert!(!f.path().starts_with(&shared), "{:?}", f.path());
+        drop(f);
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 
     /// Whatever the command leaves in place of the file, only a regular file is read: the rest
     /// is refused at once (a FIFO without a writer would block a plain `open` forever), and
-    /// the directory goes when the file is dropped, whatever is in it.
+    /// it goes when the file is dropped, whatever it is.
     #[test]
     fn anything_but_a_regular_file_is_refused_without_blocking() {
         let target = tempfile::NamedTempFile::new().unwrap();
@@ -435,9 +583,15 @@ mod tests {
                 format!("LEASECTL_EVENTS is not a regular file (the command left {kind} there)")
             );
             assert_eq!(read, 0, "{kind}");
-            let dir = path.parent().unwrap().to_owned();
             drop(f);
-            assert!(!dir.exists(), "{kind}: {dir:?} is left");
+            assert!(
+                std::fs::symlink_metadata(&path).is_err(),
+                "{kind}: {path:?} is left"
+            );
+            assert!(
+                !path.with_extension("lock").exists(),
+                "{kind}: its lock is left"
+            );
         }
         assert_eq!(std::fs::read(target.path()).unwrap(), b"{}");
     }
@@ -461,6 +615,88 @@ mod tests {
         let due = (0..SWEEP_ONE_IN).filter(|d| sweep_due(*d)).count();
         assert_eq!(due, 1);
         const { assert!(SWEEP_ONE_IN >= 16) };
+    }
+
+    /// A run's files in the user's directory, `events-<name>.lock` and `.jsonl`, dated `age`
+    /// ago.
+    fn aged_files(dir: &Path, name: &str, age: Duration) -> PathBuf {
+        let stem = dir.join(format!("events-{name}"));
+        for ext in ["lock", "jsonl"] {
+            let f = File::create(stem.with_extension(ext)).unwrap();
+            f.set_modified(SystemTime::now() - age).unwrap();
+        }
+        stem
+    }
+
+    #[test]
+    fn a_sweep_removes_only_old_files_whose_lock_nobody_holds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let hour = Duration::from_secs(3600);
+        let (dir, _fd) = user_dir(tmp.path()).unwrap();
+        let abandoned = aged_files(&dir, "1-a", hour);
+        let held = aged_files(&dir, "2-b", hour);
+        let _holder = Flock::lock(
+            File::open(held.with_extension("lock")).unwrap(),
+            FlockArg::LockExclusiveNonblock,
+        )
+        .unwrap();
+        let young = aged_files(&dir, "3-c", Duration::ZERO);
+        // Its lock removed by the command, and a directory left in place of its file.
+        let lockless = aged_files(&dir, "4-d", hour);
+        std::fs::remove_file(lockless.with_extension("lock")).unwrap();
+        std::fs::remove_file(lockless.with_extension("jsonl")).unwrap();
+        std::fs::create_dir(lockless.with_extension("jsonl")).unwrap();
+        std::fs::write(lockless.with_extension("jsonl").join("x"), "x").unwrap();
+        File::open(lockless.with_extension("jsonl"))
+            .unwrap()
+            .set_modified(SystemTime::now() - hour)
+            .unwrap();
+        // A FIFO in place of a lock: the sweep neither waits on it nor leaves it.
+        let fifo = aged_files(&dir, "5-e", hour);
+        std::fs::remove_file(fifo.with_extension("lock")).unwrap();
+        nix::unistd::mkfifo(
+            &fifo.with_extension("lock"),
+            Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        let then = nix::sys::time::TimeSpec::from_duration(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                - hour,
+        );
+        nix::sys::stat::utimensat(
+            nix::fcntl::AT_FDCWD,
+            &fifo.with_extension("lock"),
+            &then,
+            &then,
+            nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        )
+        .unwrap();
+        let other = dir.join("something-else.lock");
+        File::create(&other)
+            .unwrap()
+            .set_modified(SystemTime::now() - hour)
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let swept = tmp.path().to_owned();
+        std::thread::spawn(move || {
+            sweep(&swept);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the sweep blocked");
+        for gone in [&abandoned, &lockless, &fifo] {
+            for ext in ["lock", "jsonl"] {
+                let p = gone.with_extension(ext);
+                assert!(std::fs::symlink_metadata(&p).is_err(), "{p:?} is left");
+            }
+        }
+        for kept in [&held, &young] {
+            assert!(kept.with_extension("lock").exists());
+            assert!(kept.with_extension("jsonl").exists());
+        }
+        assert!(other.exists());
     }
 
     #[test]

@@ -55,9 +55,14 @@ fn emitted_events_follow_the_run_event_in_file_order() {
         "-c",
         "echo \"$LEASECTL_EVENTS\"",
     ]);
-    let path = stdout(&o).trim().to_owned();
-    assert!(path.ends_with("events.jsonl"), "{path}");
-    assert!(!std::path::Path::new(&path).parent().unwrap().exists());
+    let path = std::path::PathBuf::from(stdout(&o).trim());
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("events-") && name.ends_with(".jsonl"),
+        "{path:?}"
+    );
+    assert!(!path.exists(), "{path:?} is left");
+    assert!(!path.with_extension("lock").exists(), "its lock is left");
 }
 
 #[test]
@@ -201,44 +206,51 @@ fn events_of_a_command_that_finished_after_a_takeover_are_fenced_out_by_the_save
     );
 }
 
-/// A SIGKILLed leasectl cannot remove its `LEASECTL_EVENTS` directory; a later run's sweep on the
-/// machine does, once it is old enough, and leaves a live run's directory alone. (One run in 32
-/// sweeps; `LEASECTL_TEST_SWEEP_ONE_IN=1` makes this one.)
+/// A SIGKILLed leasectl cannot remove its `LEASECTL_EVENTS` file and lock (in the user's
+/// `$TMPDIR/leasectl-<uid>`); a later run's sweep on the machine does, once they are old enough,
+/// and leaves a live run's alone. (One run in 32 sweeps; `LEASECTL_TEST_SWEEP_ONE_IN=1` makes
+/// this one.)
 #[test]
-fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
+fn a_sigkilled_runs_events_file_is_swept_by_a_later_run() {
     let env = Env::new();
     let tmp = env.path("tmp");
     std::fs::create_dir(&tmp).unwrap();
-    let dirs = || -> Vec<std::path::PathBuf> {
-        let mut d: Vec<_> = std::fs::read_dir(&tmp)
+    let user_dir = tmp.join(format!("leasectl-{}", nix::unistd::geteuid()));
+    let files = || -> Vec<String> {
+        let mut d: Vec<_> = std::fs::read_dir(&user_dir)
             .unwrap()
-            .map(|e| e.unwrap().path())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         d.sort();
         d
     };
-    // Two holders, both with their events directory; one is SIGKILLed (its command too).
+    // Two holders, both with their events file; one is SIGKILLed (its command too).
     let mut dead = env.command();
     dead.env("TMPDIR", &tmp);
     let dead = env.hold_with(dead, "a", &[], "echo $$ > pid-a; sleep 600");
     let mut live = env.command();
     live.env("TMPDIR", &tmp);
     let live = env.hold_with(live, "b", &[], "sleep 600");
-    assert_eq!(dirs().len(), 2);
+    assert_eq!(files().len(), 4, "{:?}", files());
+    assert_eq!(
+        std::fs::read_dir(&tmp).unwrap().count(),
+        1,
+        "one directory for the user"
+    );
     kill(dead.id(), libc::SIGKILL);
     finish(dead);
     kill(
         wait_for_file(&env.path("pid-a")).trim().parse().unwrap(),
         libc::SIGKILL,
     );
-    // Both are older than the sweep's minimum age.
-    for d in dirs() {
-        std::fs::File::open(&d)
+    // All are older than the sweep's minimum age.
+    for f in files() {
+        std::fs::File::open(user_dir.join(f))
             .unwrap()
             .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(3600))
             .unwrap();
     }
-    let before = dirs();
+    let before = files();
     let o = env
         .command()
         .env("TMPDIR", &tmp)
@@ -246,19 +258,17 @@ fn a_sigkilled_runs_events_directory_is_swept_by_a_later_run() {
         .args(["run", "--target", "c", "--", "true"])
         .output_in_time();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let after = dirs();
-    assert_eq!(after.len(), 1, "{before:?} → {after:?}");
+    let after = files();
     let pid = live.id();
+    assert_eq!(after.len(), 2, "{before:?} → {after:?}");
     assert!(
-        after[0]
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with(&format!("leasectl-events-{pid}-")),
-        "the live holder's directory is kept: {after:?}"
+        after
+            .iter()
+            .all(|f| f.starts_with(&format!("events-{pid}-"))),
+        "the live holder's files are kept: {after:?}"
     );
     env.stop(live);
-    assert!(dirs().is_empty());
+    assert!(files().is_empty(), "{:?}", files());
 }
 
 /// A command that replaces its events file by a FIFO must not hang leasectl in `open()` (a FIFO
