@@ -83,6 +83,19 @@ impl RunConfig {
 /// The shortest `--heartbeat` for a TTL: 10ms, and a thousandth of the TTL. A renewal is a
 /// database round trip; a thousand of them per TTL buys no safety (two per TTL are enough to
 /// survive a missed one) and only loads the database.
+/// A positive count from the environment variable `var`, in debug builds only: how the tests
+/// make rare upkeep frequent (`LEASECTL_TEST_SWEEP_ONE_IN`, `LEASECTL_TEST_VACUUM_EVERY`). A
+/// release build never reads it.
+pub fn test_count(var: &str) -> Option<u64> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+}
+
 pub fn heartbeat_floor(ttl: Duration) -> Duration {
     (ttl / 1000).max(Duration::from_millis(10))
 }

@@ -16,6 +16,7 @@ pub mod service;
 pub mod session;
 pub mod tls;
 
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -161,17 +162,27 @@ impl Db {
     /// Opens a second connection with the same settings, for work beside this one's (the
     /// relay claims its next batch on it while it publishes one: [`crate::store::outbox::claim`]).
     pub async fn another(&self) -> Result<Db> {
-        let (client, (notifications, driver), _) =
-            session::open(&self.settings, Some(self.pooling)).await?;
-        Ok(Db {
-            client,
-            notifications,
-            schema: self.schema.clone(),
-            settings: self.settings.clone(),
-            pooling: self.pooling,
-            driver,
-            unchecked: self.unchecked,
-        })
+        self.opener().await
+    }
+
+    /// [`Db::another`] as a future that owns what it needs, for a task of its own (the relay's
+    /// VACUUM of the outbox runs on one while it goes on claiming).
+    pub fn opener(&self) -> impl Future<Output = Result<Db>> + Send + 'static {
+        let (settings, schema) = (self.settings.clone(), self.schema.clone());
+        let (pooling, unchecked) = (self.pooling, self.unchecked);
+        async move {
+            let (client, (notifications, driver), _) =
+                session::open(&settings, Some(pooling)).await?;
+            Ok(Db {
+                client,
+                notifications,
+                schema,
+                settings,
+                pooling,
+                driver,
+                unchecked,
+            })
+        }
     }
 
     /// Closes the connection's socket now, without a goodbye and without waiting for answers

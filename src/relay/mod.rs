@@ -124,6 +124,7 @@ pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit>
         progress: Progress::new(&cfg.sink.describe()),
         since_vacuum: 0,
         vacuum: true,
+        vacuuming: None,
         health_at: None,
         health_on: true,
         metrics,
@@ -203,6 +204,8 @@ struct Relay {
     progress: Progress,
     since_vacuum: u64,
     vacuum: bool,
+    /// The VACUUM under way on a connection of its own, if any.
+    vacuuming: Option<tokio::task::JoinHandle<upkeep::Vacuumed>>,
     /// When health was last evaluated, and whether this relay still does.
     health_at: Option<Instant>,
     health_on: bool,
@@ -292,6 +295,7 @@ impl Relay {
                 continue;
             }
             if self.cfg.once {
+                self.end_vacuum().await;
                 if self.held.is_some() {
                     crate::say!("notice: events committed after a transaction that is still open began wait for it (--order commit); a later pass publishes them");
                 }
@@ -303,6 +307,12 @@ impl Relay {
                     return Ok(Exit::Code(1));
                 }
                 return Ok(Exit::Code(0));
+            }
+            // Nothing to claim: a VACUUM under way may as well end before the relay rests (and
+            // say so), unless the relay is told to stop.
+            tokio::select! {
+                () = self.end_vacuum() => {}
+                () = stop.cancelled() => continue,
             }
             if let Err(e) = self.rest(db, stop).await {
                 self.recover(db, &mut ahead, stop, &mut db_outage, e)
@@ -338,7 +348,7 @@ impl Relay {
             Ok::<_, anyhow::Error>(())
         })
         .await?;
-        self.maybe_vacuum(free, report.delivered).await?;
+        self.maybe_vacuum(free, report.delivered);
         Ok(report)
     }
 

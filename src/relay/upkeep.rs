@@ -1,10 +1,13 @@
 //! Upkeep between batches: the backlog the progress line shows, and vacuuming the outbox after
 //! heavy draining.
 
+use std::time::Duration;
+
 use anyhow::Result;
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::liveness::{self, bounded, Lost};
+use super::liveness::{self, bounded};
 use super::Relay;
 use crate::db::{self, Db};
 use crate::fmt;
@@ -25,44 +28,100 @@ impl Relay {
         .await
     }
 
-    /// Vacuums the outbox after heavy draining so it and its indexes stay small. Best effort:
-    /// a role that may not vacuum the table leaves it to autovacuum. A VACUUM unanswered after
-    /// [`liveness::VACUUM_DEADLINE`] (a silent server, or a table too large to vacuum in that
-    /// time) loses the connection, and this relay leaves the table to autovacuum from then on.
-    pub(super) async fn maybe_vacuum(&mut self, db: &Db, delivered: usize) -> Result<(), Lost> {
+    /// Vacuums the outbox after heavy draining so it and its indexes stay small: on a
+    /// connection of its own, while this relay goes on claiming (the VACUUM reads every index
+    /// of the table, about as long as three batches of 1000, and the server has the cores to do
+    /// both). One at a time: while one is under way, the next waits for the next
+    /// [`VACUUM_EVERY`] events. Best effort: a role that may not vacuum the table leaves it to
+    /// autovacuum, and so does a VACUUM unanswered after [`liveness::VACUUM_DEADLINE`] (a silent
+    /// server, or a table too large to vacuum in that time); a connection that cannot be opened
+    /// is tried again next time.
+    pub(super) fn maybe_vacuum(&mut self, db: &Db, delivered: usize) {
         self.since_vacuum += delivered as u64;
-        if !self.vacuum || self.since_vacuum < VACUUM_EVERY {
-            return Ok(());
+        if self.vacuuming.as_ref().is_some_and(|t| t.is_finished()) {
+            if let Some(Ok(ended)) = self.vacuuming.take().and_then(|t| t.now_or_never()) {
+                self.vacuumed(ended);
+            }
+        }
+        if !self.vacuum || self.vacuuming.is_some() || self.since_vacuum < vacuum_every() {
+            return;
         }
         self.since_vacuum = 0;
-        let started = Instant::now();
+        let open = db.opener();
         let d = self.cfg.statement_deadline.max(liveness::VACUUM_DEADLINE);
-        let Ok(vacuumed) = tokio::time::timeout(d, outbox::vacuum(&db.client, &db.schema)).await
-        else {
-            self.vacuum = false;
-            return Err(Lost(format!(
-                "the database did not answer the outbox's VACUUM within {} (this relay leaves it to autovacuum from now on)",
-                fmt::duration(d)
-            )));
-        };
-        match vacuumed {
-            Ok(true) => info!(
-                "vacuumed the outbox in {}",
-                fmt::duration(started.elapsed())
-            ),
+        let connect = self.cfg.statement_deadline;
+        self.vacuuming = Some(tokio::spawn(async move {
+            let started = Instant::now();
+            let conn = match tokio::time::timeout(connect, open).await {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => return Vacuumed::NoConnection(format!("{e:#}")),
+                Err(_) => return Vacuumed::NoConnection("the database did not answer".into()),
+            };
+            let vacuumed = tokio::time::timeout(d, outbox::vacuum(&conn.client, &conn.schema));
+            match vacuumed.await {
+                Ok(Ok(true)) => Vacuumed::Done(started.elapsed()),
+                Ok(Ok(false)) => Vacuumed::NotAllowed,
+                Ok(Err(e)) => Vacuumed::Failed(db::reason(&e)),
+                Err(_) => {
+                    conn.close_now();
+                    Vacuumed::Unanswered(d)
+                }
+            }
+        }));
+    }
+
+    /// At the end of a `--once` pass: waits for a VACUUM still under way (it has its own
+    /// deadlines), so that what it says is said and the table is left vacuumed.
+    pub(super) async fn end_vacuum(&mut self) {
+        if let Some(Ok(ended)) = match self.vacuuming.take() {
+            Some(task) => Some(task.await),
+            None => None,
+        } {
+            self.vacuumed(ended);
+        }
+    }
+
+    fn vacuumed(&mut self, ended: Vacuumed) {
+        match ended {
+            Vacuumed::Done(took) => info!("vacuumed the outbox in {}", fmt::duration(took)),
             // Once per relay: the role stays what it is.
-            Ok(false) => {
+            Vacuumed::NotAllowed => {
                 say!("notice: this role may not VACUUM the outbox (it needs the table's ownership); leaving it to autovacuum");
                 self.vacuum = false;
             }
-            Err(e) => {
-                info!(
-                    "cannot vacuum the outbox ({}); leaving it to autovacuum",
-                    db::reason(&e)
+            Vacuumed::Failed(why) => {
+                info!("cannot vacuum the outbox ({why}); leaving it to autovacuum");
+                self.vacuum = false;
+            }
+            Vacuumed::Unanswered(d) => {
+                warn!(
+                    "the database did not answer the outbox's VACUUM within {}; this relay leaves it to autovacuum from now on",
+                    fmt::duration(d)
                 );
                 self.vacuum = false;
             }
+            Vacuumed::NoConnection(why) => info!(
+                "cannot open a connection to vacuum the outbox ({why}); trying again after the next {VACUUM_EVERY} events"
+            ),
         }
-        Ok(())
     }
+}
+
+/// [`VACUUM_EVERY`], or in debug builds `LEASECTL_TEST_VACUUM_EVERY` (the chaos suite's relays
+/// vacuum every few hundred events, so that a VACUUM is under way in its rounds' faults).
+fn vacuum_every() -> u64 {
+    crate::config::test_count("LEASECTL_TEST_VACUUM_EVERY").unwrap_or(VACUUM_EVERY)
+}
+
+/// How a VACUUM of the outbox on its own connection ended ([`Relay::maybe_vacuum`]).
+pub(super) enum Vacuumed {
+    Done(Duration),
+    /// The role may not vacuum the table.
+    NotAllowed,
+    /// The VACUUM failed: why.
+    Failed(String),
+    /// Not answered within this deadline.
+    Unanswered(Duration),
+    /// Its connection could not be opened: why.
+    NoConnection(String),
 }

@@ -313,12 +313,9 @@ fn remove_entry(path: &Path) {
 /// [`SWEEP_ONE_IN`], or in debug builds `LEASECTL_TEST_SWEEP_ONE_IN` (tests make every run
 /// sweep with 1).
 fn sweep_one_in() -> u32 {
-    let test = std::env::var("LEASECTL_TEST_SWEEP_ONE_IN")
-        .ok()
-        .filter(|_| cfg!(debug_assertions))
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0);
-    test.unwrap_or(SWEEP_ONE_IN)
+    crate::config::test_count("LEASECTL_TEST_SWEEP_ONE_IN")
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(SWEEP_ONE_IN)
 }
 
 /// Whether this run sweeps, given a number drawn uniformly below [`sweep_one_in`].

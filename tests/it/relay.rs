@@ -718,6 +718,67 @@ fn a_burst_after_the_relay_vacuumed_an_empty_outbox_drains_at_full_speed() {
     assert_per_aggregate_order(&read_events(&out));
 }
 
+/// The relay's VACUUM of the outbox runs on a connection of its own, and the relay goes on
+/// claiming meanwhile: events leave the outbox while one VACUUM (one backend, one start) is under
+/// way. The table is bloated first, so that the VACUUM takes long enough to be seen.
+#[test]
+fn the_relay_goes_on_claiming_while_it_vacuums_the_outbox() {
+    let env = migrated();
+    env.sql(
+        "ALTER TABLE outbox SET (autovacuum_enabled = off);
+         INSERT INTO outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT 'old', (g % 100)::text, 'e', jsonb_build_object('n', g) FROM generate_series(1, 300000) g;
+         DELETE FROM outbox",
+    );
+    insert_events(&env, 60_000, 100, 1);
+    let out = env.path("out.jsonl");
+    let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "1000"]);
+    let watch = format!(
+        "SELECT (SELECT pid || ' ' || query_start FROM pg_stat_activity
+                  WHERE state = 'active' AND query LIKE 'VACUUM%' AND query LIKE '%\"{}\".outbox%'),
+                (SELECT count(*) FROM \"{}\".outbox)::text",
+        env.schema, env.schema
+    );
+    let url = env.direct_url.clone();
+    let seen = runtime().block_on(async move {
+        let client = leasectl::db::Settings::new(Some(&url))
+            .unwrap()
+            .open_client()
+            .await
+            .unwrap();
+        // (the VACUUM's backend and start, the outbox's rows) at each look that saw one.
+        let mut during: Vec<(String, String)> = Vec::new();
+        let start = std::time::Instant::now();
+        loop {
+            let row = client.query_one(&watch, &[]).await.unwrap();
+            let (vacuum, left): (Option<String>, String) = (row.get(0), row.get(1));
+            if let Some(v) = vacuum {
+                if during.iter().any(|(w, n)| *w == v && *n != left) {
+                    return Some(during.len());
+                }
+                during.push((v, left.clone()));
+            }
+            if left == "0" || start.elapsed() > PATIENCE {
+                return None;
+            }
+        }
+    });
+    wait_for("the 60k events", || line_count(&out) == 60_000);
+    kill(relay.child.id(), libc::SIGTERM);
+    let o = relay.finish();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(
+        seen.is_some(),
+        "no event left the outbox while a VACUUM of it was under way"
+    );
+    assert!(
+        stderr(&o).contains("vacuumed the outbox in"),
+        "{}",
+        stderr(&o)
+    );
+    assert_per_aggregate_order(&read_events(&out));
+}
+
 #[test]
 fn the_relay_and_the_outbox_commands_work_through_a_transaction_mode_pooler() {
     let env = migrated();
