@@ -614,6 +614,19 @@ mod tests {
         const { assert!(SWEEP_ONE_IN >= 16) };
     }
 
+    /// Sweeps `tmp`, failing if that takes more than 10 s (a FIFO in place of a lock must not
+    /// block it).
+    fn sweep_in_time(tmp: &Path) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let swept = tmp.to_owned();
+        std::thread::spawn(move || {
+            sweep(&swept);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the sweep blocked");
+    }
+
     /// A run's files in the user's directory, `events-<name>.lock` and `.jsonl`, dated `age`
     /// ago.
     fn aged_files(dir: &Path, name: &str, age: Duration) -> PathBuf {
@@ -675,14 +688,7 @@ mod tests {
             .unwrap()
             .set_modified(SystemTime::now() - hour)
             .unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let swept = tmp.path().to_owned();
-        std::thread::spawn(move || {
-            sweep(&swept);
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("the sweep blocked");
+        sweep_in_time(tmp.path());
         for gone in [&abandoned, &lockless, &fifo] {
             for ext in ["lock", "jsonl"] {
                 let p = gone.with_extension(ext);
@@ -718,14 +724,7 @@ mod tests {
             .unwrap()
             .set_modified(SystemTime::now() - hour)
             .unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let swept = tmp.path().to_owned();
-        std::thread::spawn(move || {
-            sweep(&swept);
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(Duration::from_secs(10))
-            .expect("the sweep blocked");
+        sweep_in_time(tmp.path());
         assert!(!fifo.exists());
         assert!(!abandoned.exists());
         assert!(held.join("events.jsonl").exists());

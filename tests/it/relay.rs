@@ -735,7 +735,8 @@ fn the_relay_goes_on_claiming_while_it_vacuums_the_outbox() {
     let relay = spawn_relay(&env, &out, &["--sink", "stdout", "--batch", "1000"]);
     let watch = format!(
         "SELECT (SELECT pid || ' ' || query_start FROM pg_stat_activity
-                  WHERE state = 'active' AND query LIKE 'VACUUM%' AND query LIKE '%\"{}\".outbox%'),
+                  WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid()
+                    AND query LIKE 'VACUUM%' AND query LIKE '%\"{}\".outbox%'),
                 (SELECT count(*) FROM \"{}\".outbox)::text",
         env.schema, env.schema
     );
