@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::liveness::{bounded, Lost, Open};
 use super::Relay;
 use crate::db::{Db, Pooling};
-use crate::store::outbox::{self, Claimed, Prepared, Session};
+use crate::store::outbox::{self, Claimed, PendingCommit, Prepared, Session};
 
 /// After the second connection could not be opened, how long the relay claims one batch at a
 /// time before it tries again.
@@ -48,6 +48,9 @@ pub(super) struct Ahead {
     pub(super) spare: Option<Db>,
     /// The next batch.
     pub(super) next: Option<Next>,
+    /// The last batch's COMMIT, sent and not answered yet, how many events that batch
+    /// delivered, and the connection it went out on (see `commit.rs`).
+    pub(super) pending: Option<(PendingCommit, usize, Conn)>,
     /// When opening the second connection last failed: not tried again for [`SPARE_RETRY`].
     pub(super) failed_at: Option<Instant>,
     /// The claim statements prepared on each connection: forgotten with the connection.
@@ -143,6 +146,7 @@ impl Ahead {
     /// the caller, so its prepared statements are forgotten too.
     pub(super) fn reset(&mut self) {
         self.next = None;
+        self.pending = None;
         self.failed(Conn::Spare);
         self.main_prepared.forget();
     }

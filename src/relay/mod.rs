@@ -39,6 +39,7 @@
 
 mod ahead;
 pub mod backoff;
+mod commit;
 mod horizon;
 pub mod liveness;
 pub mod metrics;
@@ -257,7 +258,10 @@ impl Relay {
         let d = self.cfg.statement_deadline;
         loop {
             if stop.is_cancelled() {
-                // Best effort: exiting closes the connection, which rolls it back anyway.
+                // The last batch's commit, if still owed, is waited for (a failure says what
+                // it means for its events). Best effort: exiting closes the connection, which
+                // rolls back the batch claimed ahead anyway.
+                let _ = self.commit_answered(&mut ahead, true).await;
                 let _ = ahead.roll_back(db, d).await;
                 return Ok(Exit::Code(0));
             }
@@ -375,6 +379,9 @@ impl Relay {
         } else {
             return Err(e);
         };
+        // A commit of the last batch that was answered meanwhile says what it means for its
+        // events; an unanswered one's outcome is unknown, and its events may come again.
+        let _ = self.commit_answered(ahead, false).await;
         if self.cfg.once {
             return Err(unavailable(e));
         }
@@ -383,6 +390,53 @@ impl Relay {
         db.close_now();
         ahead.reset();
         self.reconnect(db, stop, backoff).await
+    }
+
+    /// The batch claimed ahead, if it is still open, else a batch claimed now on the main
+    /// connection.
+    async fn claim_or_take(
+        &mut self,
+        db: &Db,
+        ahead: &mut Ahead,
+        limits: ClaimLimits,
+    ) -> Result<Next> {
+        if let Some(next) = ahead.next.take() {
+            if let Some(next) = self.still_open(db, ahead, next).await? {
+                return Ok(next);
+            }
+        }
+        // A commit still owed on the second connection is answered first: this claim would
+        // otherwise run beside it and find its events locked (see `commit`).
+        if ahead
+            .pending
+            .as_ref()
+            .is_some_and(|(_, _, conn)| *conn != Conn::Main)
+        {
+            self.commit_answered(ahead, true).await?;
+        }
+        let reach = self.reach_now();
+        let ask = Ask {
+            reach,
+            after: None,
+            plain: self.claims.plain_now(),
+        };
+        let sent = Instant::now();
+        let claim = outbox::claim(ahead.session(db, Conn::Main), limits, ask, self.idle);
+        let d = self.cfg.statement_deadline;
+        let Claim {
+            events: claimed,
+            idle,
+            via,
+        } = bounded(d, "the claim", claim).await?;
+        self.claimed(reach, &claimed);
+        self.claims.record(via);
+        Ok(Next {
+            conn: Conn::Main,
+            events: claimed,
+            took: sent.elapsed(),
+            confirmed: sent,
+            idle,
+        })
     }
 
     /// Claims, publishes and settles one batch in one transaction — or takes the one claimed
@@ -403,43 +457,17 @@ impl Relay {
             up_to: self.up_to,
             order: self.cfg.order,
         };
-        let taken = match ahead.next.take() {
-            Some(next) => self.still_open(db, ahead, next).await?,
-            None => None,
-        };
+        let next = self.claim_or_take(db, ahead, limits).await;
+        // The last batch's commit went out before this claim: its answer first, before
+        // anything of this batch is published (see `commit`).
+        self.commit_answered(ahead, next.is_ok()).await?;
         let Next {
             conn: on,
             events: claimed,
             took: claim_took,
             confirmed,
             idle,
-        } = match taken {
-            Some(next) => next,
-            None => {
-                let reach = self.reach_now();
-                let ask = Ask {
-                    reach,
-                    after: None,
-                    plain: self.claims.plain_now(),
-                };
-                let sent = Instant::now();
-                let claim = outbox::claim(ahead.session(db, Conn::Main), limits, ask, self.idle);
-                let Claim {
-                    events: claimed,
-                    idle,
-                    via,
-                } = bounded(d, "the claim", claim).await?;
-                self.claimed(reach, &claimed);
-                self.claims.record(via);
-                Next {
-                    conn: Conn::Main,
-                    events: claimed,
-                    took: sent.elapsed(),
-                    confirmed: sent,
-                    idle,
-                }
-            }
-        };
+        } = next?;
         if claimed.is_empty() {
             let client = &ahead.conn(db, on).client;
             bounded(d, "a rollback", outbox::rollback(client)).await?;
@@ -566,42 +594,8 @@ impl Relay {
         if !keep {
             ahead.roll_back(db, d).await?;
         }
-        let client = &ahead.conn(db, on).client;
-        let settle = outbox::settle(client, &db.schema, &claimed, &settled);
-        let failed = match tokio::time::timeout(d, settle).await {
-            Ok(Ok(())) => None,
-            Ok(Err(failed)) => Some(failed),
-            Err(_) => {
-                // The batch claimed ahead ends with the sessions, as below.
-                ahead.reset();
-                return Err(Lost(format!(
-                    "the database did not answer the commit of {delivered} delivered events within {}; they may be published again",
-                    fmt::duration(d)
-                ))
-                .into());
-            }
-        };
-        if let Some(failed) = failed {
-            if delivered > 0 {
-                // Only say "will" when the transaction certainly rolled back: a COMMIT whose answer
-                // never came may have committed, and then the events are not published again.
-                warn!(
-                    "could not record {delivered} delivered events ({}); {}",
-                    db::reason(&failed.error),
-                    if failed.outcome_unknown {
-                        "the commit's outcome is unknown: they may be published again"
-                    } else {
-                        "they will be published again"
-                    }
-                );
-            }
-            // The batch claimed ahead continues this one, which may not be gone either: its
-            // transaction must end uncommitted. Not with a ROLLBACK that could wait on a server
-            // gone silent: the caller reconnects the main connection or exits, and this drops
-            // the second one; either way the server ends the transaction with its session.
-            ahead.reset();
-            return Err(failed.error.into());
-        }
+        self.settle_batch(db, ahead, on, &claimed, &settled, delivered, stop)
+            .await?;
         publisher.report_failures(&claimed, &settled);
         self.metrics.settled(&claimed, &settled);
         let went_dead = settled

@@ -331,6 +331,38 @@ fn a_commit_refused_by_the_server_says_the_events_will_be_published_again() {
     assert_eq!(outbox_count(&env), 2, "rolled back: 'a' is still there");
 }
 
+/// A full batch's COMMIT goes out with the next claim, unanswered (see src/relay/commit.rs).
+/// When the server refuses it, the relay must learn that before it publishes anything the
+/// next claim found: that claim ran after the rollback, so it found the same events again.
+/// They come out once, the relay says they will be published again, and all are still there.
+#[test]
+fn a_full_batchs_commit_refused_after_the_next_claim_went_out_stops_before_publishing_more() {
+    let env = migrated();
+    env.sql(
+        "CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'no commits today'; END $$;
+         CREATE CONSTRAINT TRIGGER at_commit AFTER DELETE ON outbox DEFERRABLE INITIALLY DEFERRED
+             FOR EACH ROW WHEN (OLD.aggregate_id = '1') EXECUTE FUNCTION at_commit();",
+    );
+    insert_events(&env, 20, 10, 1);
+    let o = env.run(&["relay", "--once", "--batch", "10", "--sink", "stdout"]);
+    assert_ne!(code(&o), 0, "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("could not record 10 delivered events")
+            && err.contains("they will be published again"),
+        "{err}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let ids: Vec<&str> = out.lines().collect();
+    assert_eq!(ids.len(), 10, "the first batch, once: {out}");
+    assert_eq!(
+        outbox_count(&env),
+        20,
+        "rolled back: every event is still there"
+    );
+}
+
 /// When the connection breaks while the COMMIT is out and no answer comes back, nobody
 /// knows whether it went through: "may", never "will". The relay talks to PostgreSQL through a
 /// TCP proxy that passes the batch's COMMIT on and then cuts the relay off: the commit does go

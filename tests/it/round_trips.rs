@@ -196,3 +196,44 @@ fn a_relay_commits_its_batches_without_waiting_for_the_flush() {
     );
     assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
 }
+
+/// A full batch whose events were all delivered does not wait for its COMMIT's answer: the
+/// COMMIT and the next batch's claim (its BEGIN with the planner settings) go out in one
+/// flight, and every event still comes out once.
+#[test]
+fn a_full_batchs_commit_goes_out_with_the_next_claim() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    crate::events::insert_events(&env, 60, 5, 1);
+    let rec = Recorder::start();
+    let o = env
+        .command_at(&rec.url())
+        .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let unique: std::collections::HashSet<&String> = lines.iter().collect();
+    assert_eq!((lines.len(), unique.len()), (60, 60));
+    let conns = rec.flights();
+    let together = conns
+        .iter()
+        .flatten()
+        .map(|f| statements(f).join("\n"))
+        .filter(|f| {
+            f.contains("SET LOCAL synchronous_commit = off; COMMIT")
+                && f.contains("SET LOCAL enable_seqscan = off")
+        })
+        .count();
+    // Six full batches. The second is claimed ahead on a second connection while the first is
+    // published (the relay tries that once), and the upkeep after the first batch goes out
+    // with its commit; from the third on, each commit goes out with the next claim.
+    assert!(
+        together >= 3,
+        "{together} commits went out with the next claim: {conns:#?}"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
+}

@@ -165,7 +165,7 @@ pub use claim::{
 };
 pub use horizon::{commit_horizon, horizon_holders, xid_holder, Holder, Horizon};
 pub use prepared::Prepared;
-pub use settle::{settle, Settle, SettleFailed};
+pub use settle::{commit_later, settle, PendingCommit, Settle, SettleFailed};
 pub use wire::Published;
 
 /// One outbox event, ready to publish: what every sink gets.

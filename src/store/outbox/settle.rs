@@ -5,8 +5,11 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::pin::Pin;
+
+use futures_util::StreamExt;
 use tokio_postgres::types::Type;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, SimpleQueryStream};
 
 use super::claim::Claimed;
 use super::rollback;
@@ -58,6 +61,42 @@ pub async fn settle(
     };
     let _ = rollback(client).await;
     Err(failed)
+}
+
+/// A batch's COMMIT, sent and not answered yet ([`commit_later`]).
+pub struct PendingCommit(Pin<Box<SimpleQueryStream>>);
+
+/// Sends the commit of a batch that has nothing to put back, without waiting for its answer:
+/// what the relay sends next on the connection (its next claim) goes out right behind it, and
+/// the server runs the two without a round trip between them. [`PendingCommit::answer`] tells
+/// how it went; the relay asks before it publishes anything more. An error here means the
+/// commit was not sent.
+pub async fn commit_later(client: &Client) -> Result<PendingCommit, SettleFailed> {
+    match client.simple_query_raw(COMMIT).await {
+        Ok(answers) => Ok(PendingCommit(Box::pin(answers))),
+        Err(error) => Err(SettleFailed {
+            outcome_unknown: false,
+            error,
+        }),
+    }
+}
+
+impl PendingCommit {
+    /// Waits for the answer: `Ok` once the batch committed. An error answered by the server
+    /// means it rolled back (or, the `SET LOCAL` refused, that the transaction is left aborted
+    /// until the connection is replaced, which the relay does with any failed commit); anything
+    /// else (the connection closed) may have come after the commit went through.
+    pub async fn answer(mut self) -> Result<(), SettleFailed> {
+        while let Some(answer) = self.0.next().await {
+            if let Err(error) = answer {
+                return Err(SettleFailed {
+                    outcome_unknown: error.as_db_error().is_none(),
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What happened to one claimed event, decided by the relay.
