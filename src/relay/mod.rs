@@ -4,7 +4,8 @@
 //! it returns) go out together; then the events are published ([`publish`]: aggregates
 //! concurrently, each aggregate's events one after another, stopping at its first failure);
 //! then whatever was not confirmed is put back and the transaction commits
-//! ([`outbox::settle`]). Nothing is ever
+//! ([`outbox::settle`]; a full batch with nothing to put back sends its COMMIT with the next
+//! claim and learns its answer before it publishes more, see `commit`). Nothing is ever
 //! marked delivered before the sink confirmed it, and a relay that dies mid-batch loses
 //! nothing: its transaction rolls back and the events are published again (at-least-once).
 //!
