@@ -313,6 +313,18 @@ fn refusing_b() -> Webhook {
     })))
 }
 
+/// The relay failed, saying that the `delivered` events of a batch whose commit the server
+/// refused will be published again.
+fn assert_refused_commit(o: &std::process::Output, delivered: usize) {
+    assert_ne!(code(o), 0, "{}", stderr(o));
+    let err = stderr(o);
+    assert!(
+        err.contains(&format!("could not record {delivered} delivered events"))
+            && err.contains("they will be published again"),
+        "{err}"
+    );
+}
+
 /// When the COMMIT certainly failed (the server answered it with an error), the delivered
 /// events *will* be published again — and they are still in the outbox.
 #[test]
@@ -321,13 +333,7 @@ fn a_commit_refused_by_the_server_says_the_events_will_be_published_again() {
     at_commit_of_a_put_back(&env, "RAISE EXCEPTION 'no put-backs today';");
     let hook = refusing_b();
     let o = env.run(&["relay", "--once", "--sink", &hook.url()]);
-    assert_ne!(code(&o), 0, "{}", stderr(&o));
-    let err = stderr(&o);
-    assert!(
-        err.contains("could not record 1 delivered events")
-            && err.contains("they will be published again"),
-        "{err}"
-    );
+    assert_refused_commit(&o, 1);
     assert_eq!(outbox_count(&env), 2, "rolled back: 'a' is still there");
 }
 
@@ -346,13 +352,7 @@ fn a_full_batchs_commit_refused_after_the_next_claim_went_out_stops_before_publi
     );
     insert_events(&env, 20, 10, 1);
     let o = env.run(&["relay", "--once", "--batch", "10", "--sink", "stdout"]);
-    assert_ne!(code(&o), 0, "{}", stderr(&o));
-    let err = stderr(&o);
-    assert!(
-        err.contains("could not record 10 delivered events")
-            && err.contains("they will be published again"),
-        "{err}"
-    );
+    assert_refused_commit(&o, 10);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let ids: Vec<&str> = out.lines().collect();
     assert_eq!(ids.len(), 10, "the first batch, once: {out}");

@@ -157,22 +157,29 @@ fn a_run_on_a_missing_schema_migrates_then_acquires() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
 }
 
-/// A relay's batch commits without waiting for the WAL flush: the flight that ends each
-/// batch is `SET LOCAL synchronous_commit = off` and `COMMIT` together (the deletion of
-/// delivered events is all a lost commit could undo, and that only republishes them), and
-/// every event still comes out once.
-#[test]
-fn a_relay_commits_its_batches_without_waiting_for_the_flush() {
+/// `n` events of 5 aggregates in a migrated schema, drained by `relay --once --batch 10` to
+/// stdout through the recorder: the schema, the recorder and the relay's output (exit 0).
+fn drain_recorded(n: usize) -> (Env, Recorder, std::process::Output) {
     let env = Env::new();
     let o = env.run(&["migrate"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    crate::events::insert_events(&env, 25, 5, 1);
+    crate::events::insert_events(&env, n, 5, 1);
     let rec = Recorder::start();
     let o = env
         .command_at(&rec.url())
         .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
         .output_in_time();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+    (env, rec, o)
+}
+
+/// A relay's batch commits without waiting for the WAL flush: the flight that ends each
+/// batch is `SET LOCAL synchronous_commit = off` and `COMMIT` together (the deletion of
+/// delivered events is all a lost commit could undo, and that only republishes them), and
+/// every event still comes out once.
+#[test]
+fn a_relay_commits_its_batches_without_waiting_for_the_flush() {
+    let (env, rec, o) = drain_recorded(25);
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 25);
     // Each batch's claim flight (BEGIN with the planner settings) is followed by its commit.
     let statements: Vec<String> = rec
@@ -202,16 +209,7 @@ fn a_relay_commits_its_batches_without_waiting_for_the_flush() {
 /// flight, and every event still comes out once.
 #[test]
 fn a_full_batchs_commit_goes_out_with_the_next_claim() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
-    crate::events::insert_events(&env, 60, 5, 1);
-    let rec = Recorder::start();
-    let o = env
-        .command_at(&rec.url())
-        .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
-        .output_in_time();
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let (env, rec, o) = drain_recorded(60);
     let lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(str::to_owned)
