@@ -300,7 +300,7 @@ impl Relay {
                 continue;
             }
             if self.cfg.once {
-                self.end_vacuum().await;
+                self.end_vacuum(d).await;
                 if self.held.is_some() {
                     crate::say!("notice: events committed after a transaction that is still open began wait for it (--order commit); a later pass publishes them");
                 }
@@ -313,12 +313,9 @@ impl Relay {
                 }
                 return Ok(Exit::Code(0));
             }
-            // Nothing to claim: a VACUUM under way may as well end before the relay rests (and
-            // say so), unless the relay is told to stop.
-            tokio::select! {
-                () = self.end_vacuum() => {}
-                () = stop.cancelled() => continue,
-            }
+            // Nothing to claim: a VACUUM that ended meanwhile says so before the relay rests;
+            // one still running is not waited for (new events would wait with it).
+            self.end_vacuum(Duration::ZERO).await;
             if let Err(e) = self.rest(db, stop).await {
                 self.recover(db, &mut ahead, stop, &mut db_outage, e)
                     .await?;

@@ -70,14 +70,28 @@ impl Relay {
         }));
     }
 
-    /// At the end of a `--once` pass: waits for a VACUUM still under way (it has its own
-    /// deadlines), so that what it says is said and the table is left vacuumed.
-    pub(super) async fn end_vacuum(&mut self) {
-        if let Some(Ok(ended)) = match self.vacuuming.take() {
-            Some(task) => Some(task.await),
-            None => None,
-        } {
-            self.vacuumed(ended);
+    /// Takes the outcome of a VACUUM under way once it ended, waiting for it `at_most` (a
+    /// `--once` pass before it ends: one statement deadline, the bound every wait on the
+    /// database has, where a VACUUM may take its own minute and a silent server longer; a
+    /// relay about to rest: not at all). One still running then is left to finish on the
+    /// server (a relay that exits drops the connection, which the server notices only once the
+    /// VACUUM is done), or its outcome is taken after a later batch.
+    pub(super) async fn end_vacuum(&mut self, at_most: Duration) {
+        let Some(mut task) = self.vacuuming.take() else {
+            return;
+        };
+        match tokio::time::timeout(at_most, &mut task).await {
+            Ok(Ok(ended)) => self.vacuumed(ended),
+            Ok(Err(_)) => {}
+            Err(_) => {
+                if !at_most.is_zero() {
+                    info!(
+                        "the outbox's VACUUM is still under way after {}; not waiting for it",
+                        fmt::duration(at_most)
+                    );
+                }
+                self.vacuuming = Some(task);
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The command's own outbox events (`LEASECTL_EVENTS`).
 //!
-//! The command gets the path of a fresh file (mode 0600, in a directory of its own, mode
-//! 0700) and may append JSON lines `{"aggregate_type", "aggregate_id", "type", "payload"}` to
+//! The command gets the path of a fresh file (mode 0600, in a directory only its user may enter,
+//! mode 0700: below) and may append JSON lines `{"aggregate_type", "aggregate_id", "type", "payload"}` to
 //! it (`leasectl emit` writes one with validation). leasectl reads the file once the command
 //! is done and inserts its events in the fenced save's transaction, after the run's own
 //! event and in file order — so they exist if and only if the run's result was stored by the
@@ -12,8 +12,8 @@
 //! The command may also replace the file by anything else: a FIFO (whose plain `open` would wait
 //! forever for a writer, heartbeats and signals with it), a symbolic link (to a device, or to a
 //! file it has no business making us read), a directory, a socket. leasectl opens the name
-//! relative to the directory it created (an `openat` on the descriptor it kept, so a renamed or
-//! swapped directory does not redirect it), with `O_NONBLOCK | O_NOFOLLOW`, and reads only a
+//! relative to the directory it made the file in (an `openat` on the descriptor it kept, so a
+//! renamed or swapped directory does not redirect it), with `O_NONBLOCK | O_NOFOLLOW`, and reads only a
 //! regular file: anything else is a malformed events file (exit 65), found without ever blocking.
 //!
 //! Where the file lives: in this user's directory under the temporary directory,

@@ -617,3 +617,14 @@ pub fn expand_vars<'a>(
     out.push_str(rest);
     out
 }
+
+/// `url` with server options for the session (libpq's `options`), in either URL form.
+pub fn with_options(url: &str, options: &str) -> String {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let encoded = options.replace(' ', "%20").replace('=', "%3D");
+        format!("{url}{sep}options={encoded}")
+    } else {
+        format!("{url} options='{options}'")
+    }
+}

@@ -780,6 +780,45 @@ fn the_relay_goes_on_claiming_while_it_vacuums_the_outbox() {
     assert_per_aggregate_order(&read_events(&out));
 }
 
+/// A `--once` pass waits for its VACUUM at most one statement deadline, the bound of every
+/// wait on the database: one the server takes long over (throttled here by the session's
+/// `vacuum_cost_delay`) is left to finish there, and the pass ends on time.
+#[test]
+fn a_once_pass_does_not_wait_past_the_statement_deadline_for_its_vacuum() {
+    let env = migrated();
+    insert_events(&env, 3000, 50, 1);
+    let url = with_options(&env.url, "-c vacuum_cost_delay=100 -c vacuum_cost_limit=1");
+    let started = std::time::Instant::now();
+    let o = env
+        .command_at(&url)
+        .env("LEASECTL_TEST_VACUUM_EVERY", "1000")
+        .env("LEASECTL_STATEMENT_TIMEOUT", "1s")
+        .args([
+            "-v", "relay", "--once", "--batch", "500", "--sink", "stdout",
+        ])
+        .output_in_time();
+    let took = started.elapsed();
+    // The throttled VACUUM, still running on the server, is not the next test's business.
+    env.sql(&format!(
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity
+          WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+            AND query LIKE 'VACUUM%' AND query LIKE '%\"{}\".outbox%'",
+        env.schema
+    ));
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 3000);
+    assert!(
+        stderr(&o)
+            .contains("the outbox's VACUUM is still under way after 1.0s; not waiting for it"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "the pass took {took:?}: it waited for its VACUUM"
+    );
+}
+
 #[test]
 fn the_relay_and_the_outbox_commands_work_through_a_transaction_mode_pooler() {
     let env = migrated();

@@ -160,14 +160,3 @@ fn the_claim_is_never_jit_compiled_whatever_its_estimated_cost() {
         "JIT thresholds at 0",
     );
 }
-
-/// `url` with server options for the session (libpq's `options`), in either URL form.
-fn with_options(url: &str, options: &str) -> String {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let encoded = options.replace(' ', "%20").replace('=', "%3D");
-        format!("{url}{sep}options={encoded}")
-    } else {
-        format!("{url} options='{options}'")
-    }
-}
