@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::faults::Inv;
-use crate::round::{slot_of, Kind, Outcome, LEFTOVER_SLACK, SLOT_PERIOD};
+use crate::round::{slot_of, Contender, Kind, Outcome, LEFTOVER_SLACK, SLOT_PERIOD};
 use crate::scenario::Scenario;
 use crate::Ctx;
 
@@ -285,6 +285,30 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         ));
     }
 
+    // The commands' own events (`$LEASECTL_EVENTS`, aggregate `<target>.job`): only a stored,
+    // non-lost result brings them in, with its fence, and one result brings its command's once.
+    for r in ctx.bench.db.query(&format!(
+        "SELECT e.fence, e.events,
+                (SELECT count(*) FROM \"{schema}\".runs r
+                  WHERE r.target = '{t}' AND r.fence = e.fence
+                    AND r.outcome NOT IN ('lost', 'preempted', 'skipped'))
+           FROM (SELECT (o.payload->>'fence')::bigint AS fence, count(*) AS events
+                   FROM \"{schema}\".outbox o
+                  WHERE o.aggregate_id = '{t}.job' AND (o.payload->>'fence')::bigint > {prev_max}
+                  GROUP BY 1) e"
+    )) {
+        let (events, results) = (i64_of(&r[1]), i64_of(&r[2]));
+        if events > results {
+            v.push((
+                Inv::I2,
+                format!(
+                    "fence {} has {events} events of its command and {results} stored results",
+                    r[0].as_deref().unwrap_or("?")
+                ),
+            ));
+        }
+    }
+
     // I3: a lease that ended by expiry (not by release) had no live tree after the expiry.
     let mut groups: BTreeMap<(i64, i64), Vec<&Vec<Option<String>>>> = BTreeMap::new();
     for r in &leases {
@@ -393,10 +417,20 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     }
     ctx.targets.get_mut(t).unwrap().max_fence = max;
 
-    // I6: nothing outlived its leasectl.
+    // I6: nothing outlived its leasectl — no process, and no `$LEASECTL_EVENTS` file or lock
+    // (`events-<pid>-…` in the round's TMPDIR) of a leasectl that was neither killed nor hung.
     for (pid, id, cmd) in &o.leftovers {
         v.push((Inv::I6, format!(
             "pid {pid} ({cmd}) of {id} was alive more than {LEFTOVER_SLACK}s after its leasectl exited")));
+    }
+    for (file, c) in events_files_left(o) {
+        v.push((
+            Inv::I6,
+            format!(
+                "{file} of {} (pid {}) was left after its leasectl exited",
+                c.id, c.pid
+            ),
+        ));
     }
 
     // I7: a stale token never acts.
@@ -553,4 +587,33 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
         }
     }
     v
+}
+
+/// The `$LEASECTL_EVENTS` files and locks in the round's TMPDIR whose leasectl exited on its own
+/// (not killed by the fault or the scenario, not hung), with that contender.
+fn events_files_left(o: &Outcome) -> Vec<(String, &Contender)> {
+    let uid = nix::unistd::geteuid();
+    let dir = o.dir.join("tmp").join(format!("leasectl-{uid}"));
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Vec::new();
+    };
+    let mut left = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("events-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Some(c) = o
+            .contenders
+            .iter()
+            .find(|c| c.pid == pid && c.exit.is_some() && c.killed.is_none() && !c.hung)
+        {
+            left.push((name, c));
+        }
+    }
+    left
 }

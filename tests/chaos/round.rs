@@ -29,7 +29,9 @@ use crate::Ctx;
 
 /// The command every contender runs under leasectl: a fenced read-modify-write of a counter,
 /// with a grandchild that would outlive it (`sleep 300 &`), a tick logged every 100 ms while it
-/// works (until `$CHAOS_GATE` exists or `$CHAOS_SLEEP_MS` passed), and every step logged. A
+/// works (until `$CHAOS_GATE` exists or `$CHAOS_SLEEP_MS` passed), every step logged, and after
+/// its write an event of its own in `$LEASECTL_EVENTS` (aggregate `<target>.job`, its fence),
+/// which only a stored result may bring into the outbox (I2). A
 /// command that ignores SIGTERM keeps ticking through its grace, so a command still alive then
 /// is seen by its own log as well as by the monitor. A host clock faked by libfaketime must not
 /// reach the log: the preload is dropped before the first timestamp.
@@ -58,6 +60,7 @@ if [ -n "$v" ]; then
     [ -n "$r" ] || r=-
 fi
 echo "write $CHAOS_ID $$ $LEASECTL_FENCE $r $(ts)" >> "$L"
+[ -n "$LEASECTL_EVENTS" ] && printf '{"aggregate_type":"chaos.job","aggregate_id":"%s.job","type":"job.done","payload":{"fence":%s}}\n' "$LEASECTL_TARGET" "$LEASECTL_FENCE" >> "$LEASECTL_EVENTS"
 echo "child $CHAOS_ID is done" >&2
 echo "end $CHAOS_ID $$ $LEASECTL_FENCE $(ts)" >> "$L"
 [ "$CHAOS_YES" = 1 ] && exec yes chaos
@@ -706,7 +709,12 @@ impl<'a> Round<'a> {
                 .env("FAKETIME", f)
                 .env("FAKETIME_NO_CACHE", "1");
         }
+        // The round's own temporary directory: what a leasectl leaves in it is the round's to
+        // judge (I6).
+        let tmp = self.dir.join("tmp");
+        let _ = std::fs::create_dir_all(&tmp);
         cmd.args(&args)
+            .env("TMPDIR", &tmp)
             .env(procs::MARKER, &id)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
