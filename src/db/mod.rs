@@ -159,15 +159,11 @@ impl Db {
         Ok(())
     }
 
-    /// Opens a second connection with the same settings, for work beside this one's (the
-    /// relay claims its next batch on it while it publishes one: [`crate::store::outbox::claim`]).
-    pub async fn another(&self) -> Result<Db> {
-        self.opener().await
-    }
-
-    /// [`Db::another`] as a future that owns what it needs, for a task of its own (the relay's
-    /// VACUUM of the outbox runs on one while it goes on claiming).
-    pub fn opener(&self) -> impl Future<Output = Result<Db>> + Send + 'static {
+    /// Opens a second connection with the same settings, for work beside this one's: a future
+    /// that owns what it needs, so that it can also run in a task of its own. The relay claims
+    /// its next batch on one while it publishes a batch ([`crate::store::outbox::claim`]), and
+    /// vacuums the outbox on another while it goes on claiming.
+    pub fn another(&self) -> impl Future<Output = Result<Db>> + Send + 'static {
         let (settings, schema) = (self.settings.clone(), self.schema.clone());
         let (pooling, unchecked) = (self.pooling, self.unchecked);
         async move {

@@ -47,7 +47,7 @@ impl Relay {
             return;
         }
         self.since_vacuum = 0;
-        let open = db.opener();
+        let open = db.another();
         let d = self.cfg.statement_deadline.max(liveness::VACUUM_DEADLINE);
         let connect = self.cfg.statement_deadline;
         self.vacuuming = Some(tokio::spawn(async move {
