@@ -153,7 +153,8 @@ impl Ahead {
 }
 
 /// Whether claiming the next batch ahead pays, from how long the last batch's claim and
-/// publication took (`None`: no batch yet): only where publishing is the slower part.
+/// publication took (`None`: no batch yet, and a sink that does not block the relay tries):
+/// only where publishing is the slower part.
 pub(super) fn worth_claiming_ahead(took: Option<(Duration, Duration)>) -> bool {
     took.is_none_or(|(claim, publish)| publish > claim)
 }

@@ -11,7 +11,7 @@
 //!
 //! While batches come back full (a backlog), publishing takes longer than claiming, and every
 //! event of a batch was delivered, the next batch is claimed on a second connection while this
-//! one is published (`Ahead`; the
+//! one is published — never for stdout, whose blocking write nothing could overlap (`Ahead`; the
 //! statement's side is "Claiming ahead" in [`outbox`]), so the sink never waits for the
 //! database between batches. The two batches commit in order, and the second is published only
 //! after the first committed.
@@ -478,6 +478,7 @@ impl Relay {
         let bytes: i64 = claimed.iter().map(|c| c.event.payload.len() as i64).sum();
         let next_on = if (claimed.len() as i64) == self.cfg.batch
             && bytes <= self.cfg.batch_bytes / 2
+            && !self.sink.blocks_the_relay()
             && worth_claiming_ahead(self.took)
             && !stop.is_cancelled()
         {

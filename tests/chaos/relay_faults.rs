@@ -132,6 +132,8 @@ impl RFault {
                 &[Webhook, Amqp, Nats]
             }
             RFault::WebhookRefuse => &[Webhook],
+            // A relay writing to stdout never holds two batches: it never claims ahead.
+            RFault::Kill9Ahead => &[Exec, Webhook, Amqp, Nats],
             _ => &[Stdout, Exec, Webhook, Amqp, Nats],
         }
     }

@@ -290,6 +290,14 @@ impl Sink {
         }
     }
 
+    /// Whether publishing a batch blocks the relay's thread: stdout is written by one blocking
+    /// write at the batch's end, so nothing else the relay has under way moves meanwhile, and
+    /// a batch claimed ahead could only be claimed after the write, never beside it (the relay
+    /// then waits for that claim too, on a second connection it opened for nothing).
+    pub fn blocks_the_relay(&self) -> bool {
+        matches!(self, Sink::Stdout(_))
+    }
+
     /// How many aggregates may be in flight at once within a batch.
     pub fn parallelism(&self) -> usize {
         match self {
