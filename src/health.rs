@@ -286,8 +286,12 @@ async fn reconcile_in_transaction(
     schema: &crate::db::Schema,
 ) -> anyhow::Result<Option<Reconciled>> {
     use crate::store::health as store;
-    if !store::try_lock_evaluation(client, schema).await? {
+    let evaluation = store::try_lock_evaluation(client, schema).await?;
+    if !evaluation.locked {
         return Ok(None);
+    }
+    if !evaluation.watched {
+        return Ok(Some(Reconciled::default()));
     }
     let open: std::collections::HashSet<(String, Kind)> = store::open_incidents(client, schema)
         .await?
