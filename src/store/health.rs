@@ -273,7 +273,7 @@ pub struct Evaluation {
 /// incident another one has just closed. The same statement tells whether anything is watched
 /// at all: with no expectation and no open incident (a schema where nobody ran `expect`) there
 /// is nothing to evaluate, and the evaluation's own statement — whose planning in a fresh server
-/// process took 2.5 ms of a relay's start — is not sent.
+/// process costs more than the rest of a relay's start-up statements together — is not sent.
 pub async fn try_lock_evaluation(client: &Client, schema: &Schema) -> Result<Evaluation> {
     let row = client
         .query_typed_one(

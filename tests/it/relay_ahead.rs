@@ -308,10 +308,10 @@ fn a_sigkilled_relay_leaves_both_its_batches_in_the_outbox() {
 }
 
 /// Stdout is written by one blocking write at the batch's end: a claim ahead could only go out
-/// after it, and the relay would wait for it on a second connection. The first full batch used
-/// to try anyway (nothing was known of the sink yet), which cost a connection and a claim in a
-/// fresh server process: a tenth of a 50,000-event drain. Three full batches and the empty
-/// claim after them go through one connection.
+/// after it, and the relay would wait for it on a second connection. So a relay writing to
+/// stdout claims nothing ahead, not even after its first full batch (where a sink that is not
+/// known yet to be fast tries): three full batches and the empty claim after them go through
+/// one connection.
 #[test]
 fn a_relay_writing_to_stdout_never_claims_ahead() {
     let env = migrated();

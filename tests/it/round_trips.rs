@@ -243,8 +243,8 @@ fn a_full_batchs_commit_goes_out_with_the_next_claim() {
 
 /// With no expectation and no open incident there is nothing for the relay's health evaluation
 /// to look at: the statement that takes its lock says so, and the evaluation itself (a statement
-/// whose planning in a fresh server process took 2.5 ms of a relay's start) is not sent. Once a
-/// target is watched, it is.
+/// whose planning in a fresh server process is the dearest part of a relay's start) is not sent.
+/// Once a target is watched, it is.
 #[test]
 fn a_relay_with_nothing_watched_skips_the_health_evaluation() {
     let (env, rec, o) = drain_recorded(5);
