@@ -274,3 +274,28 @@ fn a_relay_with_nothing_watched_skips_the_health_evaluation() {
         "'nightly' is watched: {statements:#?}"
     );
 }
+
+/// A relay's claim statements are prepared once per connection, and those a claim needs that
+/// are not prepared yet go out together: the first claim's (the general claim and the idle
+/// timeout's) in one flight, the first plain claim's (the claim and the read of its verdict) in
+/// another, instead of a round trip each.
+#[test]
+fn a_relays_claim_statements_are_prepared_together() {
+    let (_env, rec, _) = drain_recorded(30);
+    let flights: Vec<String> = rec
+        .flights()
+        .iter()
+        .flatten()
+        .map(|f| statements(f).join("\n"))
+        .collect();
+    let with = |parts: &[&str]| flights.iter().any(|f| parts.iter().all(|p| f.contains(p)));
+    let claim = "WITH win1 AS MATERIALIZED";
+    assert!(
+        with(&[claim, "set_config('idle_in_transaction_session_timeout'"]),
+        "the general claim and the idle timeout's statement: {flights:#?}"
+    );
+    assert!(
+        with(&[claim, "o.ctid", "current_setting('leasectl.plain_claim'"]),
+        "the plain claim and the read of its verdict: {flights:#?}"
+    );
+}
