@@ -267,7 +267,6 @@ pub async fn reconcile(
     client: &tokio_postgres::Client,
     schema: &crate::db::Schema,
 ) -> anyhow::Result<Option<Reconciled>> {
-    client.batch_execute("BEGIN").await?;
     let result = reconcile_in_transaction(client, schema).await;
     match result {
         Ok(done) => {
@@ -286,7 +285,14 @@ async fn reconcile_in_transaction(
     schema: &crate::db::Schema,
 ) -> anyhow::Result<Option<Reconciled>> {
     use crate::store::health as store;
-    let evaluation = store::try_lock_evaluation(client, schema).await?;
+    // BEGIN and the lock's statement in one flight. Should BEGIN fail, the statement has run
+    // on its own and its lock ended with it: the error is returned and nothing is evaluated.
+    let (begun, evaluation) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        store::try_lock_evaluation(client, schema)
+    );
+    begun?;
+    let evaluation = evaluation?;
     if !evaluation.locked {
         return Ok(None);
     }

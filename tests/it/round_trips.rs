@@ -242,19 +242,29 @@ fn a_full_batchs_commit_goes_out_with_the_next_claim() {
 }
 
 /// With no expectation and no open incident there is nothing for the relay's health evaluation
-/// to look at: the statement that takes its lock says so, and the evaluation itself (a statement
-/// whose planning in a fresh server process is the dearest part of a relay's start) is not sent.
-/// Once a target is watched, it is.
+/// to look at: the statement that takes its lock (in one flight with its BEGIN) says so, and the
+/// evaluation itself (a statement whose planning in a fresh server process is the dearest part of
+/// a relay's start) is not sent. Once a target is watched, it is.
 #[test]
 fn a_relay_with_nothing_watched_skips_the_health_evaluation() {
     let (env, rec, o) = drain_recorded(5);
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 5);
-    let statements = sent(&rec);
     let evaluation = |s: &String| s.contains("schedule_tz");
+    let flights: Vec<Vec<String>> = rec
+        .flights()
+        .iter()
+        .flatten()
+        .map(|f| statements(f))
+        .collect();
+    let begun_and_locked = flights.iter().any(|f| {
+        f.first().is_some_and(|s| s.starts_with("BEGIN"))
+            && f.iter().any(|s| s.contains("leasectl.health:"))
+    });
     assert!(
-        statements.iter().any(|s| s.contains("leasectl.health:")),
-        "the evaluation's lock: {statements:#?}"
+        begun_and_locked,
+        "the evaluation's BEGIN and lock in one flight: {flights:#?}"
     );
+    let statements = sent(&rec);
     assert!(
         !statements.iter().any(evaluation),
         "nothing is watched: {statements:#?}"
