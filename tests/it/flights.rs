@@ -73,6 +73,18 @@ impl Recorder {
         )
     }
 
+    /// `relay --once --batch 10 --sink stdout` on `env`'s schema through this proxy, which must
+    /// exit 0: its output.
+    pub fn relay_once(&self, env: &crate::common::Env) -> std::process::Output {
+        use crate::common::*;
+        let o = env
+            .command_at(&self.url())
+            .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
+            .output_in_time();
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+        o
+    }
+
     /// The flights of every connection so far, in order: each flight is its frontend
     /// messages, as (type byte, body). Startup-phase packets have type 0.
     pub fn flights(&self) -> Vec<Vec<Flight>> {

@@ -317,11 +317,7 @@ fn a_relay_writing_to_stdout_never_claims_ahead() {
     let env = migrated();
     insert_padded(&env, 1, 30, 10);
     let rec = Recorder::start();
-    let o = env
-        .command_at(&rec.url())
-        .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
-        .output_in_time();
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = rec.relay_once(&env);
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 30);
     assert_eq!(outbox_count(&env), 0);
     assert_eq!(rec.flights().len(), 1, "connections made by the relay");

@@ -165,11 +165,7 @@ fn drain_recorded(n: usize) -> (Env, Recorder, std::process::Output) {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     crate::events::insert_events(&env, n, 5, 1);
     let rec = Recorder::start();
-    let o = env
-        .command_at(&rec.url())
-        .args(["relay", "--once", "--batch", "10", "--sink", "stdout"])
-        .output_in_time();
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = rec.relay_once(&env);
     (env, rec, o)
 }
 
@@ -273,11 +269,7 @@ fn a_relay_with_nothing_watched_skips_the_health_evaluation() {
     let o = env.run(&["expect", "--target", "nightly", "--every", "1h"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let rec = Recorder::start();
-    let o = env
-        .command_at(&rec.url())
-        .args(["relay", "--once", "--sink", "stdout"])
-        .output_in_time();
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    rec.relay_once(&env);
     let statements = sent(&rec);
     assert!(
         statements.iter().any(evaluation),
