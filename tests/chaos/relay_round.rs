@@ -80,6 +80,10 @@ pub struct Plan {
     /// Whether an operator runs `leasectl outbox retry` on live events during the round
     /// ([`crate::relay_operator`]).
     pub operator: bool,
+    /// Whether a target is watched (an expectation never due within the round), so that the
+    /// relays' health evaluation runs its statements under the fault; otherwise nothing is
+    /// watched and the evaluation stops at its lock.
+    pub watched: bool,
 }
 
 impl Plan {
@@ -173,6 +177,7 @@ impl Plan {
             seed: round_seed,
             // Drawn last, so that a seed still draws the rest of the plan as before.
             operator: rng.random_bool(0.5),
+            watched: rng.random_bool(0.5),
         }
     }
 
@@ -183,7 +188,7 @@ impl Plan {
             .map(|&o| if o { "once" } else { "service" })
             .collect();
         format!(
-            "{} relay(s) [{}] on {}, --batch {} --timeout {}s{}{}, {} writers{}, backlog {}, {} cold aggregates{}{}{}",
+            "{} relay(s) [{}] on {}, --batch {} --timeout {}s{}{}, {} writers{}, backlog {}, {} cold aggregates{}{}{}{}",
             self.slots.len(),
             slots.join(", "),
             self.sink,
@@ -206,6 +211,11 @@ impl Plan {
             self.cold,
             if self.large_p > 0.0 {
                 ", large payloads"
+            } else {
+                ""
+            },
+            if self.watched {
+                ", a target watched"
             } else {
                 ""
             },
@@ -575,6 +585,17 @@ impl Round<'_> {
     fn prepare(&mut self) {
         let (s, n) = (&self.ctx.schema, self.plan.round);
         let p = &self.plan;
+        // Due an hour from now: the evaluation reads everything it reads for a watched target
+        // and opens no incident, whose event the ledger would not know.
+        self.ctx.db.query(&if p.watched {
+            format!(
+                "INSERT INTO \"{s}\".expectations (target, every_ms, updated_at)
+                 VALUES ('chaos-watched', 3600000, now())
+                 ON CONFLICT (target) DO UPDATE SET updated_at = now()"
+            )
+        } else {
+            format!("DELETE FROM \"{s}\".expectations")
+        });
         self.ctx.db.query(&format!(
             "INSERT INTO chaos.counters (agg)
              SELECT 'r{n}-h' || g FROM generate_series(0, {}) g
