@@ -41,6 +41,7 @@
 mod ahead;
 pub mod backoff;
 mod commit;
+mod heap;
 mod horizon;
 pub mod liveness;
 pub mod metrics;
@@ -102,6 +103,7 @@ pub struct RelayConfig {
 /// Runs the relay until `--once` has drained what was due, or a signal arrives, reporting into
 /// `metrics` ([`Metrics::off`] without `--metrics`).
 pub async fn run(mut db: Db, cfg: RelayConfig, metrics: Metrics) -> Result<Exit> {
+    heap::keep_freed_memory();
     let stop = CancellationToken::new();
     let mut second = crate::signals::cancel_on_stop(stop.clone(), |first| {
         info!("signal {first}: finishing the batch in hand, then exiting");
