@@ -105,6 +105,9 @@ impl Publisher<'_> {
     ) -> Vec<(usize, Settle)> {
         let mut stopped: HashSet<(&str, &str)> = HashSet::new();
         let mut out = Vec::with_capacity(lane.len());
+        // A sink that only buffers publishes nothing here: `publish` checks the transaction
+        // once, before the flush, and its events need no look at the clock each.
+        let buffered = self.sink.buffers_until_flush();
         for i in lane {
             if down.borrow().is_some() {
                 break;
@@ -119,14 +122,19 @@ impl Publisher<'_> {
             }
             // One look at the clock an event, where asking the transaction's state took two
             // (a thousand events a batch).
-            let now = tokio::time::Instant::now();
-            let started = now.into_std();
-            if !c.blocked && !open.known_open_at(now) && !open.may_publish().await {
-                break;
-            }
-            let s = match self.deliver_one(c, open, down, answered).await {
+            let started = if buffered {
+                None
+            } else {
+                let now = tokio::time::Instant::now();
+                if !c.blocked && !open.known_open_at(now) && !open.may_publish().await {
+                    break;
+                }
+                Some(now.into_std())
+            };
+            let s = match self.deliver_one(c, open, down, answered, buffered).await {
                 Ok(s) => s,
                 Err(msg) => {
+                    let started = started.unwrap_or_else(Instant::now);
                     silent.borrow_mut().push(Silence { i, started, msg });
                     Settle::Untouched
                 }
@@ -142,19 +150,23 @@ impl Publisher<'_> {
     /// Delivers one event. `answered` records when a delivery of the batch last got an answer
     /// (delivered or refused): from the first one on, an unreachable sink stops only this
     /// aggregate. No answer at all is returned as `Err`, for [`Publisher::judge_silences`].
+    /// A `buffered` delivery is no answer of the sink's: it leaves `answered` alone.
     async fn deliver_one(
         &self,
         c: &Claimed,
         open: &Open<'_>,
         down: &RefCell<Option<String>>,
         answered: &Cell<Option<Instant>>,
+        buffered: bool,
     ) -> Result<Settle, String> {
         if c.blocked {
             return Ok(Settle::Untouched);
         }
         Ok(match self.sink.deliver(&c.event, open.gate()).await {
             Ok(()) => {
-                answered.set(Some(Instant::now()));
+                if !buffered {
+                    answered.set(Some(Instant::now()));
+                }
                 Settle::Delivered
             }
             Err(DeliveryError::Late(msg)) => {

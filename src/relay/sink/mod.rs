@@ -269,6 +269,13 @@ impl Sink {
         }
     }
 
+    /// Whether `deliver` only buffers, publishing nothing before `flush` (stdout): its
+    /// deliveries cannot fail or wait, and what must happen while the batch's transaction is
+    /// known open is the flush alone.
+    pub fn buffers_until_flush(&self) -> bool {
+        matches!(self, Sink::Stdout(_))
+    }
+
     /// Drops what `deliver` accepted but did not publish yet (only stdout buffers, until
     /// `flush`): the batch is not to be published after all.
     pub fn discard(&self) {
