@@ -81,6 +81,10 @@ pub async fn acquire(
 /// The caller has no place in the queue: the lease is free or expired and no ordered waiter
 /// may exist (`queued_until`, on the same row). This is the uncontended `run`: one statement that
 /// reads nothing but the lease row.
+///
+/// A new fence's floor (`{fence_floor}`, the server's timeline) is computed once, for the
+/// proposed row; the update of an existing lease takes it from there (`excluded.fence`), so a
+/// fresh server process looks up and plans that expression once, not twice.
 async fn acquire_unqueued(
     client: &Client,
     schema: &Schema,
@@ -94,7 +98,7 @@ async fn acquire_unqueued(
                  holder_pid, holder_label)
          VALUES ($1, 0, $2, {fence_floor}, $3, now(), now(), $4, $5, $6)
          ON CONFLICT (target, place) DO UPDATE
-            SET token = excluded.token, fence = greatest(l.fence + 1, {fence_floor}),
+            SET token = excluded.token, fence = greatest(l.fence + 1, excluded.fence),
                 ttl_ms = excluded.ttl_ms,
                 heartbeat_at = now(), acquired_at = now(),
                 holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
@@ -135,7 +139,7 @@ async fn acquire_queued(
                          holder_host, holder_pid, holder_label)
                  VALUES ($1, 0, $2, {{fence_floor}}, $3, now(), now(), $4, $5, $6)
                  ON CONFLICT (target, place) DO UPDATE
-                    SET token = excluded.token, fence = greatest(l.fence + 1, {{fence_floor}}),
+                    SET token = excluded.token, fence = greatest(l.fence + 1, excluded.fence),
                         ttl_ms = excluded.ttl_ms,
                         heartbeat_at = now(), acquired_at = now(),
                         holder_host = excluded.holder_host, holder_pid = excluded.holder_pid,
