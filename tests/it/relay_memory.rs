@@ -22,18 +22,26 @@ fn high_water_kib(pid: u32) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-#[test]
-fn a_relay_draining_events_larger_than_batch_bytes_stays_within_the_documented_bound() {
-    let env = migrated();
+/// `relay -v ARGS --sink stdout` over `env`, its stdout thrown away, once it is relaying.
+fn relay_to_null(env: &Env, args: &[&str]) -> Watched {
     let relay = Watched::new(
         env.command()
-            .args(["-v", "relay", "--batch-bytes", "4MiB", "--sink", "stdout"])
+            .args(["-v", "relay"])
+            .args(args)
+            .args(["--sink", "stdout"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap(),
     );
     relay.wait_for_stderr("relaying schema");
+    relay
+}
+
+#[test]
+fn a_relay_draining_events_larger_than_batch_bytes_stays_within_the_documented_bound() {
+    let env = migrated();
+    let relay = relay_to_null(&env, &["--batch-bytes", "4MiB"]);
     // Idle on the empty outbox: what it holds without events.
     std::thread::sleep(std::time::Duration::from_millis(300));
     let idle = high_water_kib(relay.child.id());
@@ -86,15 +94,7 @@ fn insert_batches(env: &Env, n: usize) {
 #[test]
 fn a_relay_keeps_the_memory_a_batch_freed_for_the_next() {
     let env = migrated();
-    let relay = Watched::new(
-        env.command()
-            .args(["-v", "relay", "--batch", "1000", "--sink", "stdout"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    relay.wait_for_stderr("relaying schema");
+    let relay = relay_to_null(&env, &["--batch", "1000"]);
     insert_batches(&env, 4000);
     wait_for("the first drain", || outbox_count(&env) == 0);
     let before = minor_faults(relay.child.id());
