@@ -46,11 +46,13 @@ pub(super) async fn execute(
         db_time: lease.granted_at,
         local: acquired_at,
     };
-    // The server plans the save while the command starts and runs. Only on a direct session:
-    // behind a transaction-mode pooler the save may run in another server process.
-    if db.can_listen() {
-        runs::plan_save_ahead(&db.client, &db.schema).await;
-    }
+    // The server prepares and plans the save while the command starts and runs. Only on a
+    // direct session: behind a transaction-mode pooler the save may run in another server
+    // process.
+    let ahead = match db.can_listen() {
+        true => Some(runs::plan_save_ahead(&db.client, &db.schema).await),
+        false => None,
+    };
     let events_file = match EventsFile::create() {
         Ok(f) => Some(f),
         Err(e) => {
@@ -89,14 +91,25 @@ pub(super) async fn execute(
         Ok(c) => c,
         Err(e) => {
             say!("{}", e.message);
+            let planned = match ahead.map(|a| a.finish(PREPARED_WITHIN, || false)) {
+                Some(finishing) => finishing.await,
+                None => None,
+            };
             let failed = RunRecord {
                 exit_code_override: Some(i32::from(e.exit_code)),
                 error: Some(e.message),
                 ..record(Outcome::ExecFailed, None, Instant::now())
             };
-            return store(db, cfg, lease, &failed, Exit::Code(e.exit_code)).await;
+            let planned = planned.as_ref();
+            return store(db, cfg, lease, &failed, Exit::Code(e.exit_code), planned).await;
         }
     };
+    // The command runs while the save is planned.
+    let planned = match ahead.map(|a| a.finish(PREPARED_WITHIN, || child.exited().is_none())) {
+        Some(finishing) => finishing.await,
+        None => None,
+    };
+    let planned = planned.as_ref();
     test_panic_trigger().await;
 
     let end = supervise(&mut child, &mut hb, db, cfg, signals, started).await;
@@ -143,8 +156,13 @@ pub(super) async fn execute(
         let exit_by = hb.lease_deadline() + SILENT_EXIT_AFTER;
         return record_lost(db, cfg, lease, &run, Some(exit_by)).await;
     }
-    store(db, cfg, lease, &run, exit).await
+    store(db, cfg, lease, &run, exit, planned).await
 }
+
+/// How long a run waits, once its command has started, for the save it prepared ahead (see
+/// `runs::plan_save_ahead`); a server slower than that leaves the save to send its statement
+/// itself. The heartbeats and the signals wait meanwhile, so it is kept far below the least TTL.
+const PREPARED_WITHIN: Duration = Duration::from_millis(50);
 
 /// A test-only trigger (debug builds): panics once the file named by `LEASECTL_TEST_PANIC`
 /// exists, to prove that a panic mid-run still ends the command.

@@ -2,13 +2,16 @@
 //! run that lost its lease, the look-ups `--reuse-within` and `--wait` make, and what the
 //! operator commands `runs`, `output` and `prune` read or delete.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use futures_util::FutureExt;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::{Client, Row, Statement};
 use uuid::Uuid;
 
 use super::leases::Lease;
@@ -140,6 +143,7 @@ pub async fn save_fenced(
     run: &RunRecord<'_>,
     event_type: Option<&str>,
     retrying: bool,
+    planned: Option<&Statement>,
 ) -> Result<Saved> {
     let stored_already = || async {
         let done = client
@@ -153,7 +157,6 @@ pub async fn save_fenced(
     if retrying && stored_already().await? {
         return Ok(Saved::Stored);
     }
-    let sql = save_sql(schema);
     let lease_channel = schema.lease_channel();
     let outbox_channel = schema.outbox_channel();
     let f = RunFields::new(run);
@@ -168,7 +171,10 @@ pub async fn save_fenced(
         &lease.keep,
     ];
     params.extend(save.into_iter().zip(SAVE_TYPES));
-    let row = client.query_typed_one(&sql, &params).await?;
+    let row = match execute_planned(client, planned, &params).await {
+        Some(row) => row?,
+        None => client.query_typed_one(&save_sql(schema), &params).await?,
+    };
     let stored: i64 = row.get("runs");
     if stored == 1 {
         return Ok(Saved::Stored);
@@ -182,48 +188,128 @@ pub async fn save_fenced(
     Ok(Saved::NotOwner)
 }
 
-/// Sends the fenced save's plan ahead (see `warm_save` below) without waiting for its answer (the
-/// connection discards it): the server plans while leasectl starts the command and the command
-/// runs, and the save after the command's exit finds every table and index it names looked up.
-///
-/// Planning locks the tables the save names, and the heartbeats go out after it on the same
-/// connection: a lock held elsewhere on the outbox or the runs (an application's migration, a
-/// `VACUUM FULL`, a `LOCK TABLE`) would hold them up until the lease expired and the command
-/// was stopped, where without the plan only the save waits for it. So the plan waits for a lock
-/// 10 ms at most and is given up otherwise, and the session's own `lock_timeout`
-/// is restored right after it.
-pub async fn plan_save_ahead(client: &Client, schema: &Schema) {
-    let bounded = client.batch_execute(PLAN_LOCK_WAIT);
-    let planned = warm_save(client, schema);
-    let restored = client.batch_execute("RESET lock_timeout");
-    tokio::pin!(bounded, planned, restored);
-    // One poll each queues the statements on the connection, in this order; the yield lets
-    // the connection's task write them before leasectl turns to the command.
-    let _ = bounded.as_mut().now_or_never();
-    let _ = planned.as_mut().now_or_never();
-    let _ = restored.as_mut().now_or_never();
-    tokio::task::yield_now().await;
+/// The fenced save, prepared while the command starts ([`plan_save_ahead`]).
+pub struct SaveAhead<'a> {
+    client: &'a Client,
+    prepared: Pin<Box<dyn Future<Output = Result<Statement, tokio_postgres::Error>> + 'a>>,
 }
 
-/// How long the save's plan ahead waits for a lock on a table it names before it is given up
-/// (see [`plan_save_ahead`]).
-const PLAN_LOCK_WAIT: &str = "SET lock_timeout = '10ms'";
-
-/// Plans the fenced save without running it: `EXPLAIN` of its statement with every parameter
-/// NULL, which reads and changes nothing.
+/// Prepares the fenced save (a named statement) and sends the settings its plan ahead needs,
+/// without waiting for the answers; [`SaveAhead::finish`] then plans it while the command
+/// runs. In a fresh server process, parsing and planning the save — its three tables, their
+/// ten indexes, the functions it calls — is most of its cost; done ahead, the save after the
+/// command's exit only binds the plan and executes it.
 ///
-/// A fresh server process looks up every table, index, type and function a statement names
-/// the first time it meets them; for the save (the runs, outbox and leases tables, their ten
-/// indexes, the functions it calls) that was 1.4–2 ms of the save's 2–3 ms. Planned while the
-/// command starts and runs, the save then finds all of it cached.
-async fn warm_save(client: &Client, schema: &Schema) -> Result<(), tokio_postgres::Error> {
-    let explain = format!("EXPLAIN {}", save_sql(schema));
-    let params: Vec<(&(dyn ToSql + Sync), Type)> = RUN_TYPES
-        .into_iter()
-        .chain(SAVE_TYPES)
-        .map(|t| (&Null as &(dyn ToSql + Sync), t))
-        .collect();
-    client.query_typed(&explain, &params).await.map(drop)
+/// `plan_cache_mode = force_generic_plan` (for the session, until the save resets it) keeps
+/// the plan made ahead for the save: otherwise the server plans each of a statement's first
+/// five executions anew with their values. The other statements of a run (the heartbeat's,
+/// the release) look rows up by their keys, which a generic plan does as well as any.
+///
+/// Preparing and planning lock the tables the save names, and the heartbeats go out after
+/// them on the same connection: a lock held elsewhere on the outbox or the runs (an
+/// application's migration, a `VACUUM FULL`, a `LOCK TABLE`) would hold them up until the
+/// lease expired and the command was stopped, where without the plan only the save waits for
+/// it. So both wait for a lock 10 ms at most and are given up otherwise (the save then sends
+/// its statement itself), and the session's own `lock_timeout` is restored right after them.
+///
+/// Only for a direct session: behind a transaction-mode pooler the save may run in another
+/// server process.
+pub async fn plan_save_ahead<'a>(client: &'a Client, schema: &Schema) -> SaveAhead<'a> {
+    let settings = client.batch_execute(PLAN_AHEAD);
+    let sql = save_sql(schema);
+    let mut prepared: Pin<Box<dyn Future<Output = _> + 'a>> = Box::pin(async move {
+        let types: Vec<Type> = RUN_TYPES.into_iter().chain(SAVE_TYPES).collect();
+        // Named, so it must never reach a pooler: only a direct session plans ahead.
+        #[allow(clippy::disallowed_methods)]
+        client.prepare_typed(&sql, &types).await
+    });
+    // One poll each queues the requests on the connection, in this order; the yield lets the
+    // connection's task write them before leasectl starts the command, so that the server
+    // parses meanwhile.
+    let _ = std::pin::pin!(settings).now_or_never();
+    let _ = prepared.as_mut().now_or_never();
+    tokio::task::yield_now().await;
+    SaveAhead { client, prepared }
+}
+
+/// What [`plan_save_ahead`] sends first: a lock waited for 10 ms at most, and the plan made
+/// ahead kept for the save.
+const PLAN_AHEAD: &str = "SET lock_timeout = '10ms'; SET plan_cache_mode = force_generic_plan";
+
+/// Sent before the save is planned by executing it ([`SaveAhead::finish`]): the outbox trigger
+/// is told, as the save itself tells it, that nobody need be notified — that execution inserts
+/// nothing. (The trigger fires once per `INSERT` statement, whatever its rows.)
+const QUIET: &str = "SET leasectl.outbox_notified = 'on'";
+
+/// Undoes [`PLAN_AHEAD`] but for the plan cache mode, which the save needs, and [`QUIET`].
+const PLANNED: &str = "RESET lock_timeout; RESET leasectl.outbox_notified";
+
+impl<'a> SaveAhead<'a> {
+    /// Once the command has started: waits up to `within` for the prepared statement (the
+    /// heartbeats and signals wait meanwhile; a server slower than that leaves the save to send
+    /// its statement itself). Then, if `running()` still says so, plans it by executing it once
+    /// with every parameter NULL — which locks no lease row and stores nothing (each of the
+    /// save's steps follows from the lease row its token names) — without waiting for that
+    /// answer. A command that is over already is saved at once; the save's own execution then
+    /// makes the plan, one round trip sooner.
+    pub async fn finish(
+        self,
+        within: Duration,
+        running: impl FnOnce() -> bool,
+    ) -> Option<Statement> {
+        let SaveAhead { client, prepared } = self;
+        let statement = match tokio::time::timeout(within, prepared).await {
+            Ok(Ok(statement)) => Some(statement),
+            _ => None,
+        };
+        let nulls = [&Null as &(dyn ToSql + Sync); SAVE_PARAMS];
+        {
+            let plan = statement.as_ref().filter(|_| running()).map(|s| {
+                // The statement prepared above, on this direct session.
+                #[allow(clippy::disallowed_methods)]
+                let plan = client.query(s, &nulls);
+                (client.batch_execute(QUIET), plan)
+            });
+            let restore = client.batch_execute(match (&plan, &statement) {
+                (Some(_), _) => PLANNED,
+                (None, Some(_)) => "RESET lock_timeout",
+                // Nothing prepared: nothing for the plan cache mode to keep.
+                (None, None) => "RESET lock_timeout; RESET plan_cache_mode",
+            });
+            if let Some((quiet, plan)) = plan {
+                let _ = std::pin::pin!(quiet).now_or_never();
+                let _ = std::pin::pin!(plan).now_or_never();
+            }
+            let _ = std::pin::pin!(restore).now_or_never();
+        }
+        // Lets the connection's task write them before leasectl turns to the command.
+        tokio::task::yield_now().await;
+        statement
+    }
+}
+
+/// How many parameters the fenced save takes: the run's, then the save's own.
+const SAVE_PARAMS: usize = RUN_TYPES.len() + SAVE_TYPES.len();
+
+/// The fenced save through the statement prepared and planned ahead ([`plan_save_ahead`]), with
+/// the plan cache mode reset in the same round trip. `None` without one, or when the session
+/// no longer has it (the connection was replaced meanwhile): the caller sends the statement
+/// itself. Any other failure is the save's.
+async fn execute_planned(
+    client: &Client,
+    planned: Option<&Statement>,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Option<Result<Row, tokio_postgres::Error>> {
+    let statement = planned?;
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    // The statement prepared ahead on this session (or gone with it: answered below).
+    #[allow(clippy::disallowed_methods)]
+    let save = client.query_one(statement, &values);
+    let (row, _) = tokio::join!(save, client.batch_execute("RESET plan_cache_mode"));
+    match row {
+        Err(e) if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => None,
+        row => Some(row),
+    }
 }
 
 /// SQL NULL as a parameter of any type.
@@ -247,7 +333,8 @@ impl ToSql for Null {
 }
 
 /// The fenced save's statement (see [`save_fenced`]): `$1`…`$21` the run ([`RUN_TYPES`]),
-/// then [`SAVE_TYPES`]. Spliced once per process: a run plans it ahead and then saves with it.
+/// then [`SAVE_TYPES`]. Spliced once per process: a run prepares it ahead and sends it itself
+/// only where the prepared one is gone.
 fn save_sql(schema: &Schema) -> String {
     static SPLICED: OnceLock<(String, String)> = OnceLock::new();
     let (name, text) = SPLICED.get_or_init(|| (schema.name().to_owned(), splice_save(schema)));

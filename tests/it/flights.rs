@@ -216,10 +216,11 @@ fn pump(
 
 /// Whether a flight sends a statement: a simple query ('Q') or an extended-protocol Parse ('P').
 pub fn has_statement(flight: &[Message]) -> bool {
-    flight.iter().any(|(k, _)| *k == b'Q' || *k == b'P')
+    !statements(flight).is_empty()
 }
 
-/// The SQL text of a flight's statements.
+/// The SQL text of a flight's statements, and `BIND name` for each execution of a statement
+/// prepared earlier under a name (a Bind names it; its text went in an earlier Parse).
 pub fn statements(flight: &[Message]) -> Vec<String> {
     flight
         .iter()
@@ -229,6 +230,12 @@ pub fn statements(flight: &[Message]) -> Vec<String> {
             b'P' => {
                 let text = body.splitn(3, |b| *b == 0).nth(1)?;
                 Some(String::from_utf8_lossy(text).into_owned())
+            }
+            // Bind: portal name, NUL, statement name, NUL, ... (an unnamed statement's Bind
+            // follows its Parse in the same flight, which already stands for it).
+            b'B' => {
+                let name = body.splitn(3, |b| *b == 0).nth(1)?;
+                (!name.is_empty()).then(|| format!("BIND {}", String::from_utf8_lossy(name)))
             }
             _ => None,
         })

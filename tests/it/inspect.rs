@@ -418,6 +418,36 @@ impl Drop for IdleMark {
     }
 }
 
+/// A run plans its save while the command runs by executing the prepared statement once with
+/// every parameter NULL. That execution inserts no event, and it fires no trigger either: the
+/// outbox's trigger fires once per INSERT statement whatever its rows, and would wake every
+/// sleeping relay and load PL/pgSQL into the run's fresh server process.
+#[test]
+fn a_runs_save_planned_ahead_fires_no_trigger() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    // The table named with its schema: the trigger runs in the run's session, whose search
+    // path does not have it.
+    env.sql(&format!(
+        "CREATE TABLE trigger_calls (n int);
+         CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO \"{}\".trigger_calls VALUES (1); RETURN NULL; END $$;",
+        env.schema
+    ));
+    // A relay sleeping on LISTEN, for whom the trigger fires (migration 0007).
+    let _mark = IdleMark::hold(&env);
+    // Directly, as a session known not to be pooled: the save is planned ahead only there.
+    let o = env
+        .command_at(&env.direct_url)
+        .env("LEASECTL_POOLER", "none")
+        .args(["run", "--target", "x", "--no-event", "--", "sleep", "0.3"])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
+    assert_eq!(env.scalar("SELECT count(*) FROM outbox"), "0");
+    assert_eq!(env.scalar("SELECT count(*) FROM trigger_calls"), "0");
+}
+
 #[test]
 fn leasectl_saves_skip_the_plpgsql_trigger_that_application_inserts_fire() {
     let env = Env::new();

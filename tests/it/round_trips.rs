@@ -26,15 +26,22 @@ fn statement_flights(
     conns[0]
         .iter()
         .filter(|f| has_statement(f))
-        .map(|f| statements(f))
+        .map(|f| {
+            statements(f)
+                .into_iter()
+                .map(|s| s.trim_end_matches('\0').to_owned())
+                .collect()
+        })
         .collect()
 }
 
 /// A `run` on a current schema, with the session known to be direct (`LEASECTL_POOLER=none`):
 /// the schema check, the acquisition and the LISTEN go in one flight, the fenced save in a
-/// second. (Before, the check, the acquisition, the LISTEN and the save each waited for the
-/// answer before them: four.) As the command starts, a third plans the save (`EXPLAIN`, its
-/// lock waits bounded), off the path from the command's exit to leasectl's.
+/// last one. (Before, the check, the acquisition, the LISTEN and the save each waited for the
+/// answer before them: four.) As the command starts, the save is prepared (its lock waits
+/// bounded, the plan cache told to keep a generic plan); while the command runs, it is planned
+/// by executing it once with every parameter NULL — two flights whose answers nothing on the
+/// path from the command's exit to leasectl's waits for — and the save only executes the plan.
 #[test]
 fn a_plain_run_makes_two_flights_of_statements() {
     let env = Env::new();
@@ -43,7 +50,7 @@ fn a_plain_run_makes_two_flights_of_statements() {
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let rec = Recorder::start();
     let flights = statement_flights(&env, &rec, Some("none"), "sleep 0.3");
-    assert_eq!(flights.len(), 3, "{flights:#?}");
+    assert_eq!(flights.len(), 4, "{flights:#?}");
     let first = flights[0].join("\n");
     for part in [
         "BEGIN",
@@ -58,17 +65,26 @@ fn a_plain_run_makes_two_flights_of_statements() {
         );
     }
     // Waiting for a lock on a table it names no longer than 10 ms, the session's own
-    // lock_timeout restored after it.
+    // lock_timeout restored after the plan.
     assert!(
-        flights[1].len() == 3
-            && flights[1][0].starts_with("SET lock_timeout = '10ms'")
-            && flights[1][1].starts_with("EXPLAIN WITH owner AS")
-            && flights[1][2].starts_with("RESET lock_timeout"),
-        "the save is planned as the command starts: {flights:#?}"
+        flights[1].len() == 2
+            && flights[1][0]
+                == "SET lock_timeout = '10ms'; SET plan_cache_mode = force_generic_plan"
+            && flights[1][1].starts_with("WITH owner AS"),
+        "the save is prepared as the command starts: {flights:#?}"
     );
-    let save = flights[2].join("\n");
+    let planned = &flights[2];
     assert!(
-        save.starts_with("WITH owner AS") && !save.contains("LISTEN"),
+        planned.len() == 3
+            && planned[0] == "SET leasectl.outbox_notified = 'on'"
+            && planned[1].starts_with("BIND s")
+            && planned[2] == "RESET lock_timeout; RESET leasectl.outbox_notified",
+        "the save is planned while the command runs: {flights:#?}"
+    );
+    // The save executes the statement planned ahead, and resets the plan cache mode.
+    assert_eq!(
+        flights[3],
+        vec![planned[1].clone(), "RESET plan_cache_mode".to_owned()],
         "{flights:#?}"
     );
     // The plan was made, not refused: the server answered nothing on this connection with an
@@ -83,6 +99,32 @@ fn a_plain_run_makes_two_flights_of_statements() {
     // And the lease was released: the next run gets it at once.
     let o = env.run(&["run", "--target", "t", "--", "true"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
+}
+
+/// A command that is over before the save's preparation is answered is saved at once: the save
+/// plans itself as it executes, one flight sooner than a plan of its own would leave it.
+#[test]
+fn a_command_over_at_once_is_saved_without_a_plan_ahead() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = Recorder::start();
+    // `exit 0` is over long before the server has parsed the save; the recorder's own hop
+    // only makes the answer later still.
+    let flights = statement_flights(&env, &rec, Some("none"), "exit 0");
+    let sent: Vec<&String> = flights.iter().flatten().collect();
+    assert!(
+        !sent
+            .iter()
+            .any(|s| s.starts_with("SET leasectl.outbox_notified")),
+        "no plan by execution: {flights:#?}"
+    );
+    let last = &flights[flights.len() - 1];
+    assert!(
+        last.len() == 2 && last[0].starts_with("BIND s") && last[1] == "RESET plan_cache_mode",
+        "the save executes the prepared statement: {flights:#?}"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
 
 /// Where the pooler is detected (the default), the first flight's check tells whether the
@@ -108,19 +150,21 @@ fn a_detecting_run_listens_while_the_command_runs() {
         !first.contains("LISTEN") && !first.contains("DO $"),
         "{first}"
     );
-    // The save's plan goes first, as the command starts; the LISTEN while it runs (in the same
-    // flight when the plan's answer has not come back yet); the save last.
+    // The save's preparation goes first, as the command starts, then its plan; the LISTEN
+    // while the command runs; the save last.
     let (during, save) = (&flights[1..flights.len() - 1], &flights[flights.len() - 1]);
     let during: Vec<&String> = during.iter().flatten().collect();
     assert!(
-        during.len() == 4
+        during.len() == 6
             && during[0].starts_with("SET lock_timeout")
-            && during[1].starts_with("EXPLAIN WITH owner AS")
-            && during[2].starts_with("RESET lock_timeout")
-            && during[3].starts_with("LISTEN"),
+            && during[1].starts_with("WITH owner AS")
+            && during[2].starts_with("SET leasectl.outbox_notified")
+            && during[3].starts_with("BIND s")
+            && during[4].starts_with("RESET lock_timeout")
+            && during[5].starts_with("LISTEN"),
         "no plan and LISTEN while the command ran: {flights:#?}"
     );
-    assert!(save[0].starts_with("WITH owner AS"), "{flights:#?}");
+    assert_eq!(save[0], *during[3], "{flights:#?}");
 }
 
 /// Behind a transaction-mode pooler (here: said so with `LEASECTL_POOLER`) no LISTEN is sent,
@@ -136,10 +180,9 @@ fn a_pooled_run_sends_no_listen() {
     // Nor a plan of the save: the pooler may hand the next statement to another server
     // process.
     assert!(
-        !flights
-            .iter()
-            .flatten()
-            .any(|s| s.contains("LISTEN") || s.starts_with("EXPLAIN")),
+        !flights.iter().flatten().any(|s| s.contains("LISTEN")
+            || s.starts_with("BIND")
+            || s.contains("plan_cache_mode")),
         "{flights:#?}"
     );
 }
