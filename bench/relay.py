@@ -27,6 +27,10 @@ Measured:
               until the table is empty, for each outbox shape (1000, 100, 1 aggregates). Each round fills a fresh schema (then VACUUM
               ANALYZE, except for the never-analyzed one) for every candidate, in an order rotated from round to round; the figures
               are medians over the rounds, and every ratio is relay/floor of the same rounds.
+              Beside the 100-aggregate floor, a ceiling: a bare DELETE of the first 1000 events by
+              ctid, RETURNING the claim's columns, committed asynchronously as the relay commits
+              (pgbench again) — no window, no heads, no byte budget: what no claim of 1000 events
+              per statement can beat; ceiling/floor bounds what relay/floor can reach.
               Sinks: stdout (to /dev/null), amqp (publisher confirms, a durable queue bound with
               `#`; once with the default message properties and once with `?properties=full`), nats (JetStream acks, file storage) and http (a multi-process keep-alive
               HTTP/1.1 peer started here, answering 204; only when the relay's http sink is built).
@@ -218,6 +222,27 @@ def claim_script(schema):
         die("cannot find the BEGIN_CLAIM constant in src/store/outbox/claim.rs")
     begin = "".join(c.strip() + ";\n" for c in m.group(1).split(";") if c.strip())
     return begin + sql + ";\nCOMMIT;\n"
+
+
+def ceiling_script(schema):
+    """The ceiling of a claim (as a pgbench script): a bare DELETE of the first :batch live events
+    by ctid, RETURNING what the relay's CLAIM returns, committed without waiting for the disk as
+    the relay commits. No window, no heads, no held aggregates, no byte budget: what no claim
+    of :batch events per statement can beat on the same outbox."""
+    src = (REPO / "src/store/outbox/claim.rs").read_text()
+    m = re.search(r'const CLAIM: &str = ".*?\n(RETURNING .*?)";', src, re.S)
+    if not m:
+        die("cannot find the CLAIM constant's RETURNING list in src/store/outbox/claim.rs")
+    returning = m.group(1).replace("o.seq = ANY (ARRAY(SELECT seq FROM win2)) AS reached", "false AS reached")
+    if "win2" in returning:
+        die("the CLAIM statement's RETURNING list changed; update bench/relay.py's ceiling")
+    q = quoted(schema)
+    return (
+        "BEGIN;\n"
+        f"DELETE FROM {q}.outbox o WHERE o.ctid = ANY (ARRAY(SELECT ctid FROM {q}.outbox WHERE dead_at IS NULL "
+        f"ORDER BY seq LIMIT :batch))\n" + " ".join(returning.split()) + ";\n"
+        "SET LOCAL synchronous_commit = off;\nCOMMIT;\n"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,10 +673,10 @@ def measure_one(args, pg, cand, peer):
     target = None
     try:
         fill(pg, schema, n, cand.aggregates, cand.analyze)
-        if cand.kind == "floor":
+        if cand.kind in ("floor", "ceiling"):
             script = os.path.join(args.tmp, f"claim-{schema}.sql")
             with open(script, "w") as f:
-                f.write(claim_script(schema))
+                f.write(claim_script(schema) if cand.kind == "floor" else ceiling_script(schema))
             argv = [
                 args.pgbench, "-n", "-M", "prepared", "-c", "1", "-t", str(-(-n // BATCH)),
                 "-D", f"batch={BATCH}", "-D", f"window={2 * BATCH}", "-D", f"maxseq={MAX_SEQ}", "-D", "reach=0", "-D", f"bytes={16 << 20}", "-f", script,
@@ -676,7 +701,7 @@ def measure_one(args, pg, cand, peer):
         if code != 0 or left != 0:
             print(f"  {cand.name}: exit {code}, {left} events left in the outbox; stderr: {err[-500:]}")
             return None
-        if err and cand.kind != "floor":
+        if err and cand.kind not in ("floor", "ceiling"):
             print(f"  {cand.name}: stderr: {err[-300:]}")
         if target is not None:
             got = target.count()
@@ -690,7 +715,7 @@ def measure_one(args, pg, cand, peer):
             cand.peer_cpu_us = getattr(cand, "peer_cpu_us", []) + [used / max(got, 1) * 1e6]
         rate = n / wall
         cand.rates.append(rate)
-        if cand.kind != "floor":
+        if cand.kind not in ("floor", "ceiling"):
             cand.rss.append(rss)
             cand.cpu_us.append(cpu / n * 1e6)
         return rate
@@ -720,6 +745,11 @@ def throughput(args, pg, peer):
         Candidate("floor", 1000, "floor", "SQL floor: CLAIM ×1000 rows, pgbench, 1 connection, 1000 aggregates"),
         Candidate("floor-1agg", 1, "floor", "SQL floor, 1 aggregate"),
         Candidate("floor-100agg", 100, "floor", "SQL floor, 100 aggregates"),
+        Candidate(
+            "ceiling-100agg", 100, "ceiling",
+            "SQL ceiling: a bare DELETE of the first 1000 events by ctid, RETURNING the same columns, "
+            "asynchronous commit (pgbench, 1 connection), 100 aggregates",
+        ),
         Candidate("stdout", 1000, "stdout", "relay --once → stdout (/dev/null), 1000 aggregates"),
         Candidate("stdout-1agg", 1, "stdout", "relay --once → stdout, 1 aggregate"),
         # The drain the speed goals were first stated for: 10 events of each aggregate per
@@ -752,7 +782,7 @@ def throughput(args, pg, peer):
         cands.append(Candidate("nats-ref", 0, "nats-ref", f"reference: nats-py, {REF_WINDOW} acked publishes in flight"))
     if peer is not None:
         cands.append(Candidate("http", 1000, "http", f"relay --once → HTTP peer ({args.http_workers} processes, 204)"))
-    cands = [c for c in cands if c.kind == "floor" or c.name.split("-")[0] in args.sinks]
+    cands = [c for c in cands if c.kind in ("floor", "ceiling") or c.name.split("-")[0] in args.sinks]
     if args.base:
         cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http")]
     print(f"Throughput: {args.events} events per drain, {args.rounds} rounds of {len(cands)} candidates, rotated")
@@ -1062,9 +1092,14 @@ def main():
             if c.kind == "floor":
                 floors[c.aggregates] = med(c.rates) if c.rates else float("nan")
                 lines.append(f"| {c.label} | {floors[c.aggregates] / 1000:.1f}k rows/s | (reference) | |")
+        for c in res.values():
+            if c.kind == "ceiling" and c.rates:
+                r = med(c.rates) / floors.get(c.aggregates, float("nan"))
+                lines.append(f"| {c.label} | {med(c.rates) / 1000:.1f}k rows/s | ceiling/floor = **{r:.2f}** "
+                             "(what no claim of 1000 events per statement can beat) | |")
         refs = {k: med(res[k + "-ref"].rates) for k in ("amqp", "nats") if res.get(k + "-ref") and res[k + "-ref"].rates}
         for name, c in res.items():
-            if c.kind == "floor":
+            if c.kind in ("floor", "ceiling"):
                 continue
             if c.binary is not None:
                 if c.rates:

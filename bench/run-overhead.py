@@ -17,9 +17,16 @@ Candidates, each measured as the wall time of one whole process (start to exit):
              an etcd the script starts itself on spare ports, with a temporary data directory,
              stopped at the end; left out when neither etcd nor etcdctl is installed)
 
+  floor      bench/floor/run_floor.c, built here with `cc`: the least a PostgreSQL-coordinated run
+             can do — one connection start, one acquiring statement (a durable commit), the
+             spawn of `true`, one statement saving the result under the fence and releasing
+             (a durable commit), nothing else. What no client of the same database can beat;
+             left out without a C compiler, or where the local socket asks for a password.
+
   baseline   OLD --schema S2 run --target t -- true         (with --baseline: another build, e.g.
              the last release, in a schema of its own, since an older binary refuses a schema
-             migrated by a newer one; its holding memory is measured as leasectl's is)
+             migrated by a newer one; its holding memory is measured as leasectl's is; and both
+             builds once more with `sleep 0.005` for `true`, a command of a few milliseconds)
 
 Every round runs each candidate once, in an order rotated from round to round, so drift in the
 machine's load hits all of them alike. Three more leasectl invocations run in the same rounds to
@@ -277,6 +284,32 @@ def holding_rss(leasectl, binary, timer, workdir):
     return rss, hwm, peak
 
 
+def build_floor(workdir, schema):
+    """Builds bench/floor/run_floor.c and makes its tables in SCHEMA; returns its argv prefix,
+    or None (with the reason printed) when it cannot be built or cannot connect."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        print("floor: not available (no C compiler)")
+        return None
+    exe = os.path.join(workdir, "run_floor")
+    p = subprocess.run([cc, "-O2", "-o", exe, str(REPO / "bench/floor/run_floor.c")], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"floor: not available (cc failed: {p.stderr.strip()[:200]})")
+        return None
+    psql(
+        f'CREATE SCHEMA "{schema}";'
+        f'CREATE TABLE "{schema}".floor_leases (target text PRIMARY KEY, token text, fence int8 NOT NULL,'
+        f" heartbeat_at timestamptz NOT NULL);"
+        f'CREATE TABLE "{schema}".floor_runs (target text NOT NULL, fence int8 NOT NULL, exit_code int4,'
+        f" finished_at timestamptz NOT NULL, PRIMARY KEY (target, fence))"
+    )
+    p = subprocess.run([exe, schema, "t", "true"], capture_output=True, text=True, env=RUN_ENV)
+    if p.returncode != 0:
+        print(f"floor: not available (exit {p.returncode}: {p.stderr.strip()})")
+        return None
+    return [exe, schema, "t"]
+
+
 def machine():
     cpu = "unknown CPU"
     try:
@@ -332,6 +365,7 @@ def main():
     leasectl = [str(binary), "--schema", schema]
     base_schema = schema + "_base"
     base = [str(baseline), "--schema", base_schema] if baseline else None
+    floor_schema = schema + "_floor"
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
     base_version = (
         subprocess.run([str(baseline), "--version"], capture_output=True, text=True).stdout.strip() if baseline else None
@@ -354,6 +388,13 @@ def main():
         ]
         if base:
             candidates.append(("baseline", base + ["run", "--target", "t", "--", "true"], 0))
+            # A command that runs a few milliseconds, as real ones do: what leasectl does while
+            # it runs (planning the save) is then off the path; with `true` it is not.
+            candidates.append(("sleep", leasectl + ["run", "--target", "t", "--", "sleep", "0.005"], 0))
+            candidates.append(("baseline-sleep", base + ["run", "--target", "t", "--", "sleep", "0.005"], 0))
+        floor = build_floor(tmp.name, floor_schema)
+        if floor:
+            candidates.append(("floor", floor + ["true"], 0))
         psql_bin = real_psql()
         if psql_bin:
             candidates.append(("psql-bin", [psql_bin, "-qAtc", "select 1"], 0))
@@ -485,6 +526,14 @@ def main():
                 f"| leasectl/baseline = **{r_base:.3f}** (paired, per round: {paired:.3f}) "
                 f"| ≤ {GOAL_VS_BASELINE} — {verdict(r_base, GOAL_VS_BASELINE)} |"
             )
+        if base:
+            r_sleep = ratio(med["sleep"], med["baseline-sleep"])
+            paired = median([a / b for a, b in zip(times["sleep"], times["baseline-sleep"]) if b])
+            lines.append(
+                f"| `run --target t -- sleep 0.005`, this build / baseline | {med['sleep']:.2f} / "
+                f"{med['baseline-sleep']:.2f} ms | leasectl/baseline = **{r_sleep:.3f}** (paired, per round: {paired:.3f}) "
+                f"| (a command of a few ms) |"
+            )
         if etcd:
             r_etcd = ratio(med["leasectl"], med["etcdctl"])
             lines.append(
@@ -493,6 +542,19 @@ def main():
             )
         else:
             lines.append(f"| `etcdctl lock NAME true` | not available | | ≤ {GOAL_VS_ETCD} — not measured |")
+        if floor:
+            r_floor = ratio(med["leasectl"], med["floor"])
+            vs = []
+            if base:
+                vs.append(f"floor/baseline = {ratio(med['floor'], med['baseline']):.3f}")
+            if etcd:
+                vs.append(f"floor/etcdctl = {ratio(med['floor'], med['etcdctl']):.3f}")
+            lines.append(
+                f"| the floor (bench/floor/run_floor.c: connect, acquire, spawn `true`, save; two durable commits) "
+                f"| {med['floor']:.2f} ms | leasectl/floor = **{r_floor:.3f}**"
+                + ("; " + ", ".join(vs) if vs else "")
+                + " | (what no client can beat) |"
+            )
         lines += [
             f"| leasectl --version / migrate / run --no-event | {med['version']:.2f} / {med['migrate']:.2f} / "
             f"{med['no-event']:.2f} ms | (breakdown) | |",
@@ -527,6 +589,7 @@ def main():
         psql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE', check=False)
         if base:
             psql(f'DROP SCHEMA IF EXISTS "{base_schema}" CASCADE', check=False)
+        psql(f'DROP SCHEMA IF EXISTS "{floor_schema}" CASCADE', check=False)
         tmp.cleanup()
 
 
