@@ -27,6 +27,27 @@ pub struct Recorder {
     log: Arc<Mutex<Vec<Chunk>>>,
 }
 
+/// Holds the server's answers back once the client has sent a given text, until a condition
+/// holds ([`Recorder::holding`]): a test's way to order what a client sees against what else
+/// happens, instead of racing it.
+struct Gate {
+    after: &'static [u8],
+    until: Box<dyn Fn() -> bool + Send + Sync>,
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    /// Called by the server-to-client pump before it passes a chunk on.
+    fn wait(&self) {
+        if self.seen.load(std::sync::atomic::Ordering::SeqCst) {
+            let give_up = std::time::Instant::now() + crate::common::PATIENCE;
+            while !(self.until)() && std::time::Instant::now() < give_up {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 /// The test database's server as a `host:port` the proxy can reach.
 fn upstream() -> String {
     std::env::var("LEASECTL_TEST_PG_TCP").unwrap_or_else(|_| "127.0.0.1:5432".to_owned())
@@ -34,6 +55,25 @@ fn upstream() -> String {
 
 impl Recorder {
     pub fn start() -> Recorder {
+        Recorder::with_gate(None)
+    }
+
+    /// A recorder that, once the client has sent `after` (anywhere in one chunk), passes no
+    /// answer of the server on until `until()` holds (checked every millisecond, for
+    /// [`PATIENCE`](crate::common::PATIENCE) at most).
+    pub fn holding(
+        after: &'static str,
+        until: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Recorder {
+        Recorder::with_gate(Some(Gate {
+            after: after.as_bytes(),
+            until: Box::new(until),
+            seen: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    fn with_gate(gate: Option<Gate>) -> Recorder {
+        let gate = gate.map(Arc::new);
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -53,8 +93,9 @@ impl Recorder {
                     client.try_clone().unwrap(),
                     server.try_clone().unwrap(),
                     &l,
+                    gate.clone(),
                 );
-                pump(id, false, server, client, &l);
+                pump(id, false, server, client, &l, gate.clone());
             }
         });
         Recorder { port, log }
@@ -192,6 +233,7 @@ fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     log: &Arc<Mutex<Vec<Chunk>>>,
+    gate: Option<Arc<Gate>>,
 ) {
     let log = log.clone();
     std::thread::spawn(move || {
@@ -201,6 +243,15 @@ fn pump(
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if let Some(gate) = &gate {
+                if from_client {
+                    if buf[..n].windows(gate.after.len()).any(|w| w == gate.after) {
+                        gate.seen.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                } else {
+                    gate.wait();
+                }
+            }
             // Recorded before it is passed on: an answer to it can only come after.
             log.lock()
                 .unwrap()
