@@ -518,17 +518,19 @@ def main():
                 f"| leasectl/psql-bin = **{r_bin:.3f}** | ≤ {GOAL_VS_PSQL} — {verdict(r_bin, GOAL_VS_PSQL)} |"
             )
         lines.append(f"| `flock -n FILE true` | {med['flock']:.2f} ms | leasectl/flock = {r_flock:.2f} | (reference only) |")
+        def vs_base(mine, theirs):
+            """This build ÷ the baseline: the ratio of the medians, and the median of the rounds' ratios."""
+            paired = median([a / b for a, b in zip(times[mine], times[theirs]) if b])
+            return ratio(med[mine], med[theirs]), paired
+
         if base:
-            r_base = ratio(med["leasectl"], med["baseline"])
-            paired = median([a / b for a, b in zip(times["leasectl"], times["baseline"]) if b])
+            r_base, paired = vs_base("leasectl", "baseline")
             lines.append(
                 f"| baseline `run --target t -- true` ({base_version}) | {med['baseline']:.2f} ms "
                 f"| leasectl/baseline = **{r_base:.3f}** (paired, per round: {paired:.3f}) "
                 f"| ≤ {GOAL_VS_BASELINE} — {verdict(r_base, GOAL_VS_BASELINE)} |"
             )
-        if base:
-            r_sleep = ratio(med["sleep"], med["baseline-sleep"])
-            paired = median([a / b for a, b in zip(times["sleep"], times["baseline-sleep"]) if b])
+            r_sleep, paired = vs_base("sleep", "baseline-sleep")
             lines.append(
                 f"| `run --target t -- sleep 0.005`, this build / baseline | {med['sleep']:.2f} / "
                 f"{med['baseline-sleep']:.2f} ms | leasectl/baseline = **{r_sleep:.3f}** (paired, per round: {paired:.3f}) "
