@@ -49,10 +49,7 @@ pub(super) async fn execute(
     // The server prepares and plans the save while the command starts and runs. Only on a
     // direct session: behind a transaction-mode pooler the save may run in another server
     // process.
-    let ahead = match db.can_listen() {
-        true => Some(runs::plan_save_ahead(&db.client, &db.schema).await),
-        false => None,
-    };
+    let ahead = runs::plan_save_ahead(&db.client, &db.schema, db.can_listen()).await;
     let events_file = match EventsFile::create() {
         Ok(f) => Some(f),
         Err(e) => {
@@ -91,10 +88,7 @@ pub(super) async fn execute(
         Ok(c) => c,
         Err(e) => {
             say!("{}", e.message);
-            let planned = match ahead.map(|a| a.finish(PREPARED_WITHIN, || false)) {
-                Some(finishing) => finishing.await,
-                None => None,
-            };
+            let planned = ahead.finish(PREPARED_WITHIN, || false).await;
             let failed = RunRecord {
                 exit_code_override: Some(i32::from(e.exit_code)),
                 error: Some(e.message),
@@ -105,10 +99,9 @@ pub(super) async fn execute(
         }
     };
     // The command runs while the save is planned.
-    let planned = match ahead.map(|a| a.finish(PREPARED_WITHIN, || child.exited().is_none())) {
-        Some(finishing) => finishing.await,
-        None => None,
-    };
+    let planned = ahead
+        .finish(PREPARED_WITHIN, || child.exited().is_none())
+        .await;
     let planned = planned.as_ref();
     test_panic_trigger().await;
 

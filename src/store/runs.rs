@@ -188,8 +188,11 @@ pub async fn save_fenced(
     Ok(Saved::NotOwner)
 }
 
-/// The fenced save, prepared while the command starts ([`plan_save_ahead`]).
-pub struct SaveAhead<'a> {
+/// The fenced save, prepared while the command starts ([`plan_save_ahead`]); nothing on a
+/// session that may be pooled.
+pub struct SaveAhead<'a>(Option<Preparing<'a>>);
+
+struct Preparing<'a> {
     client: &'a Client,
     prepared: Pin<Box<dyn Future<Output = Result<Statement, tokio_postgres::Error>> + 'a>>,
 }
@@ -212,9 +215,16 @@ pub struct SaveAhead<'a> {
 /// it. So both wait for a lock 10 ms at most and are given up otherwise (the save then sends
 /// its statement itself), and the session's own `lock_timeout` is restored right after them.
 ///
-/// Only for a direct session: behind a transaction-mode pooler the save may run in another
-/// server process.
-pub async fn plan_save_ahead<'a>(client: &'a Client, schema: &Schema) -> SaveAhead<'a> {
+/// Only for a `direct` session: behind a transaction-mode pooler the save may run in another
+/// server process, so nothing is sent there.
+pub async fn plan_save_ahead<'a>(
+    client: &'a Client,
+    schema: &Schema,
+    direct: bool,
+) -> SaveAhead<'a> {
+    if !direct {
+        return SaveAhead(None);
+    }
     let settings = client.batch_execute(PLAN_AHEAD);
     let sql = save_sql(schema);
     let mut prepared: Pin<Box<dyn Future<Output = _> + 'a>> = Box::pin(async move {
@@ -229,7 +239,7 @@ pub async fn plan_save_ahead<'a>(client: &'a Client, schema: &Schema) -> SaveAhe
     let _ = std::pin::pin!(settings).now_or_never();
     let _ = prepared.as_mut().now_or_never();
     tokio::task::yield_now().await;
-    SaveAhead { client, prepared }
+    SaveAhead(Some(Preparing { client, prepared }))
 }
 
 /// What [`plan_save_ahead`] sends first: a lock waited for 10 ms at most, and the plan made
@@ -257,10 +267,23 @@ impl<'a> SaveAhead<'a> {
         within: Duration,
         running: impl FnOnce() -> bool,
     ) -> Option<Statement> {
-        let SaveAhead { client, prepared } = self;
+        let Preparing { client, prepared } = self.0?;
         let statement = match tokio::time::timeout(within, prepared).await {
             Ok(Ok(statement)) => Some(statement),
-            _ => None,
+            Ok(Err(e)) => {
+                info!(
+                    "the save was not prepared ahead ({}); it sends its own statement",
+                    crate::db::reason(&e)
+                );
+                None
+            }
+            Err(_) => {
+                info!(
+                    "the save's preparation was not answered within {}; the save sends its own statement",
+                    crate::fmt::duration(within)
+                );
+                None
+            }
         };
         let nulls = [&Null as &(dyn ToSql + Sync); SAVE_PARAMS];
         {
