@@ -25,6 +25,12 @@ pub enum Fault {
     DbFreeze,
     /// The proxy forwards nothing for longer than the TTL.
     BlackHole,
+    /// The same, starting the moment a holder sends what it sends as its command starts — the
+    /// preparation of its fenced save (`plan_cache_mode`) — and held from there: the database
+    /// goes silent between the lease and the command's first heartbeat, at the statements a
+    /// run then waits for (falling back to an ordinary black hole if no holder got that far
+    /// before the fault is due).
+    BlackHoleAtSave,
     /// The proxy closes every connection.
     Cut,
     /// leasectl's stderr is a pipe whose reader goes away mid-run (`2>&1 | head`, a dead log
@@ -35,7 +41,7 @@ pub enum Fault {
     StdoutPipe,
 }
 
-pub const ALL: [Fault; 12] = [
+pub const ALL: [Fault; 13] = [
     Fault::Kill9,
     Fault::Kill9Group,
     Fault::Kill9Child,
@@ -45,6 +51,7 @@ pub const ALL: [Fault; 12] = [
     Fault::DbStop,
     Fault::DbFreeze,
     Fault::BlackHole,
+    Fault::BlackHoleAtSave,
     Fault::Cut,
     Fault::StderrPipe,
     Fault::StdoutPipe,
@@ -62,6 +69,7 @@ impl Fault {
             Fault::DbStop => "db-stop",
             Fault::DbFreeze => "db-freeze",
             Fault::BlackHole => "blackhole",
+            Fault::BlackHoleAtSave => "blackhole-save",
             Fault::Cut => "cut",
             Fault::StderrPipe => "stderr-pipe",
             Fault::StdoutPipe => "stdout-pipe",
@@ -95,7 +103,10 @@ impl Fault {
 
     /// Faults during which the database (or the path to it) is silent for longer than the TTL.
     pub fn silences_db(self) -> bool {
-        matches!(self, Fault::DbStop | Fault::DbFreeze | Fault::BlackHole)
+        matches!(
+            self,
+            Fault::DbStop | Fault::DbFreeze | Fault::BlackHole | Fault::BlackHoleAtSave
+        )
     }
 }
 

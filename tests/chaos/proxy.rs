@@ -6,7 +6,9 @@
 //!   TCP delivers what was queued;
 //! * `cut` closes every connection now (a server restart or a reset as the client sees it);
 //! * `reset` aborts every connection with a TCP reset (`SO_LINGER` 0), as a crashed peer or a
-//!   middlebox would.
+//!   middlebox would;
+//! * `black_hole_on` arms a black hole that starts the moment a client sends a given text (the
+//!   chunk that carries it is held too): the path goes silent exactly where a client is.
 //!
 //! A black hole also models what no client can undo: a request it gave up on (no answer within
 //! its timeout, connection closed) is still queued, and reaches the server once the path heals
@@ -32,6 +34,54 @@ struct State {
     next_id: AtomicU64,
     /// Both sockets of every open connection, so `cut` can shut them down.
     conns: Mutex<HashMap<u64, (TcpStream, TcpStream)>>,
+    /// An armed trigger (`black_hole_on`).
+    trigger: Mutex<Option<Trigger>>,
+}
+
+/// A black hole armed to start when a client sends `text`, for `hold` seconds; `fired`: when it
+/// started, as seconds since the epoch.
+struct Trigger {
+    text: Vec<u8>,
+    hold: f64,
+    fired: Option<f64>,
+}
+
+impl State {
+    /// Whether the path is black-holed now; a triggered black hole heals by itself once its
+    /// time is up.
+    fn black_holed(&self) -> bool {
+        if let Some(Trigger {
+            hold,
+            fired: Some(at),
+            ..
+        }) = *self.trigger.lock().unwrap()
+        {
+            if crate::procs::now() >= at + hold {
+                self.black_hole.store(false, Ordering::SeqCst);
+            }
+        }
+        self.black_hole.load(Ordering::SeqCst)
+    }
+
+    /// Whether `chunk`, on its way to the server, fires the armed trigger: the black hole starts
+    /// now, before the chunk is forwarded.
+    fn fires(&self, chunk: &[u8]) -> bool {
+        let mut trigger = self.trigger.lock().unwrap();
+        let Some(Trigger {
+            text,
+            fired: fired @ None,
+            ..
+        }) = trigger.as_mut()
+        else {
+            return false;
+        };
+        if !chunk.windows(text.len()).any(|w| w == text.as_slice()) {
+            return false;
+        }
+        self.black_hole.store(true, Ordering::SeqCst);
+        *fired = Some(crate::procs::now());
+        true
+    }
 }
 
 pub struct Proxy {
@@ -77,6 +127,7 @@ impl Proxy {
             resetting: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
+            trigger: Mutex::new(None),
         });
         let st = state.clone();
         let acceptor = std::thread::spawn(move || {
@@ -98,6 +149,37 @@ impl Proxy {
 
     pub fn set_black_hole(&self, on: bool) {
         self.state.black_hole.store(on, Ordering::SeqCst);
+    }
+
+    /// Arms a black hole that starts as soon as a client sends `text` (in one chunk) and lasts
+    /// `hold` seconds: that chunk and everything after it are held until then (or until
+    /// `set_black_hole(false)`).
+    pub fn black_hole_on(&self, text: &str, hold: f64) {
+        *self.state.trigger.lock().unwrap() = Some(Trigger {
+            text: text.as_bytes().to_vec(),
+            hold,
+            fired: None,
+        });
+    }
+
+    /// When the armed trigger fired, if it did.
+    pub fn fired(&self) -> Option<f64> {
+        self.state
+            .trigger
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|t| t.fired)
+    }
+
+    /// Disarms the trigger; returns when it fired, if it did (its black hole may still be on).
+    pub fn disarm(&self) -> Option<f64> {
+        self.state
+            .trigger
+            .lock()
+            .unwrap()
+            .take()
+            .and_then(|t| t.fired)
     }
 
     /// Closes every open connection (new ones are accepted as usual).
@@ -164,7 +246,7 @@ fn connect(st: Arc<State>, client: TcpStream, upstream: SocketAddr) {
     // A black hole also swallows the connection attempt's traffic: hold the client until the
     // path heals, then connect upstream.
     let mut held = false;
-    while st.black_hole.load(Ordering::SeqCst) && !st.stop.load(Ordering::SeqCst) {
+    while st.black_holed() && !st.stop.load(Ordering::SeqCst) {
         held = true;
         std::thread::sleep(TICK);
     }
@@ -202,17 +284,20 @@ fn forward(st: &State, mut from: TcpStream, mut to: TcpStream, upstream: Option<
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = vec![0u8; 64 * 1024];
     let mut held = upstream == Some(true);
+    // A chunk read as a trigger fired, forwarded once the path heals.
+    let mut pending: Vec<u8> = Vec::new();
     loop {
         if st.stop.load(Ordering::SeqCst) {
             break;
         }
-        if st.black_hole.load(Ordering::SeqCst) {
+        if st.black_holed() {
             held = true;
             std::thread::sleep(TICK);
             continue;
         }
         if std::mem::take(&mut held) && upstream.is_some() {
             let (queued, closed) = read_queued(&mut from, &mut buf);
+            let queued = [std::mem::take(&mut pending), queued].concat();
             if closed && !queued.is_empty() {
                 if let Ok(end) = to.local_addr() {
                     mark_abandoned(end, true);
@@ -226,6 +311,11 @@ fn forward(st: &State, mut from: TcpStream, mut to: TcpStream, upstream: Option<
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                if upstream.is_some() && st.fires(&buf[..n]) {
+                    pending = buf[..n].to_vec();
+                    held = true;
+                    continue;
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }

@@ -548,6 +548,17 @@ pub struct Round<'a> {
     pub max_holders: Option<u32>,
 }
 
+/// What a holder sends as its command starts, preparing its fenced save (a session setting
+/// nothing else sends): where [`Fault::BlackHoleAtSave`] silences the database.
+const SAVE_PREPARED: &str = "plan_cache_mode = force_generic_plan";
+
+/// How long [`Fault::BlackHoleAtSave`]'s silence lasts: armed before the round knows whose
+/// preparation it will catch, it outlasts the longest TTL a scenario gives a holder (4 × the
+/// base TTL), as the other silences outlast their victim's.
+fn save_hold(ctx: &Ctx) -> f64 {
+    4.0 * ctx.cfg.ttl_ms as f64 / 1e3 + 2.5
+}
+
 impl<'a> Round<'a> {
     pub fn new(
         ctx: &'a mut Ctx,
@@ -562,6 +573,9 @@ impl<'a> Round<'a> {
             "INSERT INTO chaos.register VALUES ('{target}', 0, 0) ON CONFLICT DO NOTHING"
         ));
         let monitor = Monitor::start(dir.join("children.log"));
+        if fault == Fault::BlackHoleAtSave {
+            ctx.bench.proxy.black_hole_on(SAVE_PREPARED, save_hold(ctx));
+        }
         Round {
             ctx,
             n,
@@ -1016,6 +1030,20 @@ impl<'a> Round<'a> {
                 self.pause(t + hold - now());
                 self.ctx.bench.proxy.set_black_hole(false);
             }
+            Fault::BlackHoleAtSave => {
+                // The silence began when a holder sent its save's preparation (and heals by
+                // itself after its hold), or begins now if none did.
+                let hold = save_hold(self.ctx);
+                let proxy = &self.ctx.bench.proxy;
+                let began = proxy.disarm().unwrap_or_else(|| {
+                    proxy.set_black_hole(true);
+                    t
+                });
+                self.fault_at = Some(began);
+                self.silence = Some((began, hold));
+                self.pause(began + hold - now());
+                self.ctx.bench.proxy.set_black_hole(false);
+            }
             Fault::Cut => self.ctx.bench.proxy.cut(),
             Fault::StderrPipe | Fault::StdoutPipe => self.cs[v].readers.clear(),
         }
@@ -1025,6 +1053,16 @@ impl<'a> Round<'a> {
     /// Ends the round: every leasectl must be done within a bound (one that is not is killed
     /// and counted), nothing it started may outlive it, and everything left is cleaned up.
     pub fn finish(mut self) -> Outcome {
+        // A trigger that fired without the fault being injected (the scenario ended early)
+        // still made a silence: it is healed and counted as the fault; one that did not fire
+        // is disarmed.
+        if self.fault == Fault::BlackHoleAtSave && !self.injected && !self.cs.is_empty() {
+            if self.ctx.bench.proxy.fired().is_some() {
+                self.inject(0);
+            } else {
+                self.ctx.bench.proxy.disarm();
+            }
+        }
         let max_ttl = self.cs.iter().map(|c| c.ttl).fold(0.0, f64::max);
         // The victim first: the others may legitimately wait for it to go away.
         let bound = self.fault_end.max(now()) + 10.0 + 4.0 * max_ttl;
