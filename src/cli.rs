@@ -250,7 +250,8 @@ token no longer holds TARGET (or it expired). Steps run one at a time: while ano
 75 at once, or with --wait[=DUR] wait for it.
 
 --wait=DUR limits the whole wait, from the start (connecting included): one attempt is always
-made, and the exit (75) comes within DUR + 0.5s.
+made (connecting gets 2s at least), and the exit (75) comes within DUR + 0.5s, or 2.5s for a DUR
+under 2s.
 
 Examples:
   leasectl run --target nightly-report -- ./report.sh --full

@@ -12,6 +12,10 @@ use crate::round::{slot_of, Contender, Kind, Outcome, LEFTOVER_SLACK, SLOT_PERIO
 use crate::scenario::Scenario;
 use crate::Ctx;
 
+/// How long a waiter's first connection may take, however short its `--wait` (leasectl's
+/// `FIRST_CONNECT`, in src/run/prepare.rs).
+const FIRST_CONNECT_S: f64 = 2.0;
+
 /// What the harness remembers about a target across rounds.
 #[derive(Default)]
 pub struct TargetState {
@@ -575,7 +579,9 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     }
     for c in o.contenders.iter().filter(|c| !c.disturbed()) {
         let Some(dur) = c.wait_bound else { continue };
-        let deadline = c.spawned + dur + 0.5;
+        // However short DUR, the first connection may take 2 s (`run --help`: one attempt is
+        // always made); a waiter whose connection the silence holds exits at that bound.
+        let deadline = c.spawned + dur.max(FIRST_CONNECT_S) + 0.5;
         let held = leases
             .iter()
             .any(|r| i64_of(&r[6]) == c.pid as i64 && f64_of(&r[7]) <= deadline);
