@@ -1,6 +1,9 @@
 //! Records the git commit leasectl is built from, for `leasectl --version`, and the SHA-384
 //! checksum of every file in migrations/, which `leasectl` compares with a schema's ledger on
 //! every start (src/db/migrate.rs): hashing them when building spares each run the work.
+//! In a release build it also has the linker lay out the run's functions together
+//! (`symbol_order`), and in every native GNU/Linux build it links GCC's unwinder in instead of
+//! loading `libgcc_s.so.1` at each start (`static_unwinder`).
 //!
 //! Sets `BUILT_FROM_COMMIT` to ` (<12 hex>)`, or ` (<12 hex>, dirty)` when tracked files differ
 //! from that commit, or to nothing when there is no git or no checkout (a crates.io tarball,
@@ -27,6 +30,57 @@ fn main() {
     println!("cargo:rustc-env=BUILT_FROM_COMMIT={suffix}");
     migration_sums();
     symbol_order();
+    static_unwinder();
+}
+
+/// Links GCC's unwinder into the program (`libgcc_eh.a`) instead of loading `libgcc_s.so.1` at
+/// every start. Rust's standard library asks for `-lgcc_s` on GNU/Linux, and that library's
+/// constructor (`__cpu_indicator_init`) runs a dozen `CPUID` instructions, each of which traps
+/// to the hypervisor on a virtual machine: about 0.15 ms of every start where one `CPUID` costs
+/// 9 µs, 1.5 % of a `leasectl run -- true` (docs/BENCHMARKS.md). The same unwinder linked in
+/// runs no constructor, and unwinding (a panic's exit 70, which kills the command's group on the
+/// way) works as before: the static unwinder is what `-static-libgcc` C++ programs and Rust's
+/// own `crt-static` builds use.
+///
+/// How: the linker looks for `-lgcc_s` in the directories it is given before the system's, and
+/// takes `libgcc_s.a` there if there is no `libgcc_s.so` beside it; so a directory holding a
+/// copy of `libgcc_eh.a` under that name, searched first, answers the request with the static
+/// unwinder. Only for a native GNU/Linux build whose C compiler (rustc's linker driver) has a
+/// `libgcc_eh.a`; anything else links as before.
+fn static_unwinder() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER");
+    if var("CARGO_CFG_TARGET_OS") != "linux"
+        || var("CARGO_CFG_TARGET_ENV") != "gnu"
+        || var("TARGET") != var("HOST")
+        || var("CARGO_CFG_TARGET_FEATURE")
+            .split(',')
+            .any(|f| f == "crt-static")
+    {
+        return;
+    }
+    let driver = std::env::var("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER")
+        .ok()
+        .filter(|_| var("TARGET") == "x86_64-unknown-linux-gnu")
+        .unwrap_or_else(|| "cc".to_owned());
+    let Ok(out) = Command::new(driver)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+    else {
+        return;
+    };
+    // A driver that does not know the file prints its bare name back.
+    let found = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || !found.is_absolute() || !found.is_file() {
+        return;
+    }
+    let dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it")).join("unwind");
+    if std::fs::create_dir_all(&dir).is_err()
+        || std::fs::copy(&found, dir.join("libgcc_s.a")).is_err()
+    {
+        return;
+    }
+    println!("cargo:rustc-link-search=native={}", dir.display());
 }
 
 /// In a release build, has the linker lay out the functions a `leasectl run` executes

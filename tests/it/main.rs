@@ -63,3 +63,4 @@ mod slot;
 mod steps;
 mod stopping;
 mod supervise;
+mod unwinder;
