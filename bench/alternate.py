@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Times whole commands against each other in alternating rounds, for a change too small to see
+in the full benchmarks: two builds of leasectl, or one build with two commands.
+
+    python3 bench/alternate.py --rounds 400 \\
+        'OLD/leasectl --schema ab run --target t -- true' \\
+        'target/release/leasectl --schema ab run --target t -- true'
+
+Each round runs every command once, its order reversed every other round, so a drift in the
+machine's load hits them alike. Printed for each: the median wall time of the whole process
+(start to exit, output to /dev/null); for each command after the first, its median ÷ the first's
+and the paired ratio (the median of the per-round ratios), which is steadier when the machine's
+speed wanders during the run. The commands are split like a shell's words (no pipes or
+variables); whatever they need (a migrated schema, a free target) is the caller's to set up. A
+command that exits with another code than `--expect` (0 by default; 75 to time busy answers)
+stops the script: a fast failure would otherwise pass for a fast run.
+"""
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=300, help="rounds (default 300, at least 10)")
+    p.add_argument("--expect", type=int, default=0, help="the exit code every run must have (default 0)")
+    p.add_argument("commands", nargs="+", help="two or more commands, each one argument")
+    args = p.parse_args()
+    if len(args.commands) < 2 or args.rounds < 10:
+        p.error("give two or more commands and at least 10 rounds")
+    argvs = [shlex.split(c) for c in args.commands]
+    times = [[] for _ in argvs]
+    with open(os.devnull, "w") as null:
+        for r in range(args.rounds):
+            order = range(len(argvs)) if r % 2 == 0 else reversed(range(len(argvs)))
+            for i in order:
+                start = time.perf_counter()
+                code = subprocess.run(argvs[i], stdout=null).returncode
+                times[i].append(time.perf_counter() - start)
+                if code != args.expect:
+                    sys.exit(f"alternate.py: '{args.commands[i]}' exited {code}, not {args.expect}")
+    first = statistics.median(times[0])
+    for i, command in enumerate(args.commands):
+        median = statistics.median(times[i])
+        line = f"{median * 1000:9.3f} ms  {command}"
+        if i > 0:
+            paired = statistics.median(b / a for a, b in zip(times[0], times[i]))
+            line += f"\n{'':13}÷ the first: {median / first:.4f} (paired {paired:.4f})"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
