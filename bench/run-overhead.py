@@ -28,8 +28,12 @@ Candidates, each measured as the wall time of one whole process (start to exit):
              migrated by a newer one; its holding memory is measured as leasectl's is; and both
              builds once more with `sleep 0.005` for `true`, a command of a few milliseconds)
 
-Every round runs each candidate once, in an order rotated from round to round, so drift in the
-machine's load hits all of them alike. Three more leasectl invocations run in the same rounds to
+Every round runs each candidate once, in an order shuffled afresh each round (seeded, so a rerun
+with the same candidates runs the same orders), so drift in the machine's load hits all of them
+alike, and no candidate always runs right after the same other one: with orders rotated from
+round to round, `run --no-event` always came right after `migrate` and `run` right after `run
+--no-event`, and the breakdown showed the outbox event making the run 0.27 ms *faster*, where
+the two alternated alone give 0.98 × the other way round. Three more leasectl invocations run in the same rounds to
 show where a run's time goes: `--version` (process start only), `migrate` (start + connect +
 schema check) and `run --no-event` (a run without the outbox insert). Then: the latency of a *busy* answer (a second
 `leasectl run` on a target another leasectl holds, exit 75), interleaved with psql the same way,
@@ -47,6 +51,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import secrets
 import shutil
 import signal
@@ -117,9 +122,10 @@ def median(xs):
 def interleaved(candidates, rounds):
     """candidates: list of (name, argv, expected exit). Returns {name: [ms, ...]}."""
     times = {name: [] for name, _, _ in candidates}
-    k = len(candidates)
-    for r in range(rounds):
-        order = candidates[r % k :] + candidates[: r % k]
+    shuffle = random.Random(len(candidates) * 1000 + rounds).shuffle
+    for _ in range(rounds):
+        order = list(candidates)
+        shuffle(order)
         for name, argv, expect in order:
             times[name].append(timed(argv, expect))
     return times
