@@ -180,12 +180,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__acquire)
-            opts="-v -h -V --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --format --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --format --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -222,14 +230,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -W "sh env json" -- "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -238,21 +238,21 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__check)
-            opts="-v -h -V --target --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --target)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -286,12 +286,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__doctor)
-            opts="-v -h -V --json --ttl --heartbeat --kill-after --failover-time --connections --sink --sink-timeout --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --json --ttl --heartbeat --kill-after --failover-time --connections --sink --sink-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --ttl)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -320,14 +328,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -336,12 +336,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__emit)
-            opts="-v -h -V --aggregate-type --aggregate-id --type --payload --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --aggregate-type --aggregate-id --type --payload --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --aggregate-type)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -358,14 +366,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -374,12 +374,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__expect)
-            opts="-v -h -V --target --every --grace --max-duration --clear --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --every --grace --max-duration --clear --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -393,14 +401,6 @@ _leasectl() {
                     return 0
                     ;;
                 --max-duration)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -706,21 +706,21 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__migrate)
-            opts="-v -h -V --print-grants --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --print-grants --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --print-grants)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --print-grants)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -894,25 +894,25 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__output)
-            opts="-v -h -V --target --run --stderr --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --run --stderr --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --target)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --run)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --run)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -924,21 +924,21 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__prune)
-            opts="-v -h -V --older-than --dry-run --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --older-than --dry-run --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --older-than)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --older-than)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -950,12 +950,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__relay)
-            opts="-v -h -V --sink --batch --once --poll --max-attempts --timeout --parallel --order --batch-bytes --metrics --format --source --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --sink --batch --once --poll --max-attempts --timeout --parallel --order --batch-bytes --metrics --format --source --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --sink)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1000,14 +1008,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1016,25 +1016,25 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__release)
-            opts="-v -h -V --target --force --token --no-wait --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --force --token --no-wait --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --target)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --token)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --token)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1046,12 +1046,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__renew)
-            opts="-v -h -V --target --token --ttl --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --token --ttl --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1064,14 +1072,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1080,12 +1080,20 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__run)
-            opts="-q -v -h -V --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --heartbeat --token --reuse-within --timeout --kill-after --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --database-url --schema --verbose --help --version"
+            opts="-v -q -h -V --database-url --schema --verbose --target --ttl --wait --queue --wait-notice --label --max-holders --replace --busy-exit-code --heartbeat --token --reuse-within --timeout --kill-after --event-type --no-event --quiet --capture-limit --events-limit --slot --slot-tz --slot-skew --until-success --done-exit-code --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1166,14 +1174,6 @@ _leasectl() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1182,25 +1182,25 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__runs)
-            opts="-v -h -V --target --limit --json --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --limit --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --target)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --limit)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1212,21 +1212,21 @@ _leasectl() {
             return 0
             ;;
         leasectl__subcmd__status)
-            opts="-v -h -V --target --json --database-url --schema --verbose --help --version"
+            opts="-v -h -V --database-url --schema --verbose --target --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --target)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

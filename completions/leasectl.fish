@@ -46,6 +46,8 @@ complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "doctor" -d 'Inspe
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "emit" -d 'Append an outbox event to the running command\'s $LEASECTL_EVENTS (inside `leasectl run`)'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c leasectl -n "__fish_leasectl_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l target -d 'What to hold the lease on: 1–200 characters, no control characters' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l ttl -d 'The lease expires when not renewed for this long (database clock)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l wait -d 'When busy, wait for the lease (forever, or up to DUR) instead of exiting 75' -r
@@ -68,15 +70,15 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot -d 'Run a
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-tz -d 'Time zone of --slot\'s schedule (IANA name, e.g. Europe/Berlin, from the system\'s time zone database: /usr/share/zoneinfo, or $TZDIR) [default: UTC]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l slot-skew -d 'How early a caller may fire and still belong to the coming slot [default: 1m, or a quarter of the schedule\'s shortest interval if less]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l done-exit-code -d 'Exit code of a caller that finds its slot already done, or being done' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l replace -d 'Take the lease even from a live holder (the oldest, with --max-holders): it is told to stop, records its run `preempted` and exits 76; ours starts only once it has stopped'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l no-event -d 'Store the result without an outbox event'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s q -l quiet -d 'Capture the command\'s output without echoing it'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -l until-success -d 'Only a run that exited 0 does its slot: after a failure the next caller runs again'
-complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand run" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l target -d 'What to hold the lease on: 1–200 characters, no control characters' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l ttl -d 'The lease expires when not renewed for this long (database clock)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l wait -d 'When busy, wait for the lease (forever, or up to DUR) instead of exiting 75' -r
@@ -90,68 +92,68 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l busy-exit-
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l format -d 'How to print the lease' -r -f -a "sh\t'`export NAME=\'value\'` lines, for eval'
 env\t'`NAME=value` lines, for $GITHUB_ENV or a dotenv file'
 json\t'One JSON object'"
-complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l replace -d 'Take the lease even from a live holder (the oldest, with --max-holders): it is told to stop, records its run `preempted` and exits 76; ours starts only once it has stopped'
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -l replace -d 'Take the lease even from a live holder (the oldest, with --max-holders): it is told to stop, records its run `preempted` and exits 76; ours starts only once it has stopped'
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasectl -n "__fish_leasectl_using_subcommand acquire" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l target -d 'The target the lease is on' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l token -d 'The token `acquire` printed' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l ttl -d 'From now on, the lease expires when not renewed for this long [default: its TTL]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand renew" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l target -d 'Only this target' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l json -d 'One JSON document instead of a table'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l target -d 'Only this target' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand status" -l json -d 'One JSON document instead of a table'
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand status" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l target -d 'The target whose runs to list' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l limit -d 'At most N runs' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l json -d 'One JSON document instead of a table'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l target -d 'The target whose runs to list' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l limit -d 'At most N runs' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -l json -d 'One JSON document instead of a table'
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand runs" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l target -d 'The target whose stored output to print' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l run -d 'This run instead of the newest one that was not lost' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l stderr -d 'Print captured stderr instead of stdout'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l target -d 'The target whose stored output to print' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l run -d 'This run instead of the newest one that was not lost' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand output" -l stderr -d 'Print captured stderr instead of stdout'
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand output" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -d 'The target whose lease to end' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l token -d 'End the lease this token holds (printed by `acquire`); exit 76 if it no longer does' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l target -d 'The target whose lease to end' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l token -d 'End the lease this token holds (printed by `acquire`); exit 76 if it no longer does' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l force -d 'Break the lease whoever holds it: its holder stops (operator use)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -l no-wait -d 'Return once the lease is broken, without waiting for a holder whose command still runs (a --force\'d holder, or a step running under --token) to stop'
-complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand release" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l target -d 'The target to watch' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l every -d 'A successful run (exit 0) at least this often, else it is overdue' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l grace -d 'How late a run may be before it counts as overdue or its slot as missed' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l max-duration -d 'A holder running longer than this is "too long"' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Stop watching the target: forget the expectation and the schedule stored by `run --slot` (the next `run --slot` stores it again)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -l clear -d 'Stop watching the target: forget the expectation and the schedule stored by `run --slot` (the next `run --slot` stores it again)'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand expect" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l target -d 'Only these targets (repeatable) [default: every watched target]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand check" -l target -d 'Only these targets (repeatable) [default: every watched target]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand check" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l sink -d 'Where to publish: stdout, exec:COMMAND, amqp://…, nats://…, http(s)://…' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l batch -d 'Events claimed per transaction' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l poll -d 'Fallback poll interval; new events wake the relay at once through NOTIFY' -r
@@ -164,10 +166,8 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l metrics -d '
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l format -d 'What to publish: json (leasectl\'s event object) or cloudevents (CloudEvents 1.0: structured JSON for stdout and exec:, binary mode with ce-*/cloudEvents:* headers for http, amqp and nats)' -r -f -a "json\t'`{"id","aggregate_type","aggregate_id","type","payload","created_at"}`'
 cloudevents\t'CloudEvents 1.0'"
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l source -d 'The CloudEvents source attribute, a URI-reference [default: leasectl://SCHEMA]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l once -d 'Deliver what is due now, then exit (for cron); events waiting out a retry are left'
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -l once -d 'Deliver what is due now, then exit (for cron); events waiting out a retry are left'
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c leasectl -n "__fish_leasectl_using_subcommand relay" -s V -l version -d 'Print version'
 complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and not __fish_seen_subcommand_from list retry discard help" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
@@ -203,19 +203,21 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_see
 complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "retry" -d 'Make an event (or every dead one) due now, with a fresh attempt budget'
 complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "discard" -d 'Delete a dead event, printing it as JSON on stdout so it is not lost'
 complete -c leasectl -n "__fish_leasectl_using_subcommand outbox; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l older-than -d 'Delete runs that finished more than DUR ago' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l dry-run -d 'Only count what would be deleted'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l older-than -d 'Delete runs that finished more than DUR ago' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -l dry-run -d 'Only count what would be deleted'
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand prune" -s V -l version -d 'Print version'
-complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l print-grants -d 'Print the SQL (GRANTs) that lets ROLE use the schema without owning it; no connection' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -l print-grants -d 'Print the SQL (GRANTs) that lets ROLE use the schema without owning it; no connection' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand migrate" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l ttl -d 'The --ttl your jobs run with, to check against the failover time [default: run\'s 2m]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l heartbeat -d 'The --heartbeat your jobs run with [default: TTL/4]' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l kill-after -d 'The --kill-after your jobs run with [default: the smaller of 10s and TTL/10]' -r
@@ -223,18 +225,16 @@ complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l failover-ti
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l connections -d 'Connections your holders, waiters and relays open at their peak (a holder or waiter 1, a relay 2), to check max_connections\' headroom' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l sink -d 'A relay\'s --sink to reach (connect, TLS, log in, look up the exchange or stream); nothing is published' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l sink-timeout -d 'How long the sink may take to answer' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l json -d 'One JSON document instead of lines'
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -s v -l verbose -d 'Log lease transitions and retries to stderr'
+complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -l json -d 'One JSON document instead of lines'
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand doctor" -s V -l version -d 'Print version'
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
+complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l aggregate-type -d 'The event\'s aggregate type (e.g. invoice)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l aggregate-id -d 'The event\'s aggregate id; events of one aggregate are published in order' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l type -d 'The event type (e.g. invoice.sent)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l payload -d 'The payload, a JSON value; without it, read from stdin' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l database-url -d 'PostgreSQL URL or libpq "key=value" string [default: libpq environment, then local socket]' -r
-complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -l schema -d 'Schema holding leasectl\'s tables (letters, digits, underscore; at most 48 bytes)' -r
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s v -l verbose -d 'Log lease transitions and retries to stderr'
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s h -l help -d 'Print help'
 complete -c leasectl -n "__fish_leasectl_using_subcommand emit" -s V -l version -d 'Print version'

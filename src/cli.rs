@@ -139,7 +139,12 @@ pub struct DbArgs {
     pub verbose: bool,
 }
 
+/// The commands. Each one's arguments are added to clap's command tree only when that command is
+/// parsed, or when the whole tree is built (`--help` of the program, completions, man pages):
+/// building every command's arguments to parse one of them was most of clap's share of a
+/// start — `run -- true` 0.97 × and `--version` 0.92 × with it deferred (docs/BENCHMARKS.md).
 #[derive(Debug, Subcommand)]
+#[command(defer = true)]
 pub enum Command {
     /// Run COMMAND under a fenced heartbeat lease on TARGET
     #[command(after_help = RUN_HELP)]
@@ -402,7 +407,10 @@ pub struct RenewArgs {
     pub ttl: Option<Duration>,
 }
 
-/// How a lease is taken: the flags `run` and `acquire` share.
+// How a lease is taken: the flags `run` and `acquire` share. (A plain comment, not a doc
+// comment: clap makes a flattened struct's doc comment the `about` of each command it is
+// flattened into, and with the subcommands' arguments added only when a command is parsed
+// (`defer`), that would replace `run`'s and `acquire`'s own.)
 #[derive(Debug, Args)]
 pub struct LeaseArgs {
     /// What to hold the lease on: 1–200 characters, no control characters

@@ -467,7 +467,10 @@ fn every_help_example_parses_as_pasted() {
             walk(sub, out);
         }
     }
-    walk(&leasectl::cli::Cli::command(), &mut helps);
+    // Built, so that the commands' deferred arguments and texts are all there.
+    let mut root = leasectl::cli::Cli::command();
+    root.build();
+    walk(&root, &mut helps);
     let mut checked = 0;
     for help in &helps {
         for line in help.lines() {

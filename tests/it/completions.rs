@@ -81,12 +81,11 @@ fn command_paths() -> Vec<Vec<String>> {
             walk(sub, &path, out);
         }
     }
+    // Built, so that the commands' deferred arguments and subcommands (`outbox list`) are there.
+    let mut root = <leasectl::cli::Cli as clap::CommandFactory>::command();
+    root.build();
     let mut out = Vec::new();
-    walk(
-        &<leasectl::cli::Cli as clap::CommandFactory>::command(),
-        &[],
-        &mut out,
-    );
+    walk(&root, &[], &mut out);
     out
 }
 
