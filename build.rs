@@ -20,6 +20,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// A variable cargo sets for build scripts, or "" when it is not set.
+fn var(key: &str) -> String {
+    std::env::var(key).unwrap_or_default()
+}
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let suffix = match commit() {
@@ -48,7 +53,6 @@ fn main() {
 /// unwinder. Only for a native GNU/Linux build whose C compiler (rustc's linker driver) has a
 /// `libgcc_eh.a`; anything else links as before.
 fn static_unwinder() {
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER");
     if var("CARGO_CFG_TARGET_OS") != "linux"
         || var("CARGO_CFG_TARGET_ENV") != "gnu"
@@ -99,7 +103,6 @@ fn symbol_order() {
     let order = manifest.join("link").join("run.order");
     println!("cargo:rerun-if-changed={}", order.display());
     println!("cargo:rerun-if-env-changed=LEASECTL_LINK_MAP");
-    let var = |k: &str| std::env::var(k).unwrap_or_default();
     let other_linker = std::env::var_os("CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER").is_some()
         || var("CARGO_ENCODED_RUSTFLAGS").contains("link");
     if var("PROFILE") != "release"

@@ -139,10 +139,11 @@ pub struct DbArgs {
     pub verbose: bool,
 }
 
-/// The commands. Each one's arguments are added to clap's command tree only when that command is
-/// parsed, or when the whole tree is built (`--help` of the program, completions, man pages):
-/// building every command's arguments to parse one of them was most of clap's share of a
-/// start — `run -- true` 0.97 × and `--version` 0.92 × with it deferred (docs/BENCHMARKS.md).
+/// The commands. Each one's arguments are added to clap's command tree only when that command
+/// is parsed, or when the whole tree is built (`--help` of the program, completions, man
+/// pages): building every command's arguments to parse one of them was most of clap's share of
+/// a start — `run -- true` 0.95–0.97 × and `--version` 0.91 × with it deferred
+/// (docs/BENCHMARKS.md).
 #[derive(Debug, Subcommand)]
 #[command(defer = true)]
 pub enum Command {
