@@ -147,7 +147,8 @@ fn rustc_links_with_lld() -> bool {
 }
 
 /// Writes `$OUT_DIR/migration_sums.rs`: `SUMS`, each `migrations/*.sql` file's name and the
-/// SHA-384 of its bytes, sorted by name (so by version).
+/// SHA-384 of its bytes, sorted by name (so by version); and `LEDGER`, the first 12 bytes of the
+/// SHA-384 of those checksums one after another, in hex: what names a schema's ledger marker.
 fn migration_sums() {
     use sha2::{Digest, Sha384};
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -160,9 +161,12 @@ fn migration_sums() {
         .collect();
     files.sort();
     let mut out = String::from("pub const SUMS: &[(&str, [u8; 48])] = &[\n");
+    let mut ledger = Sha384::new();
     for f in files {
         let text = std::fs::read(&f).expect("a migration is readable");
-        let sum: Vec<String> = Sha384::digest(&text).iter().map(u8::to_string).collect();
+        let digest = Sha384::digest(&text);
+        ledger.update(digest);
+        let sum: Vec<String> = digest.iter().map(u8::to_string).collect();
         let name = f
             .file_name()
             .and_then(|n| n.to_str())
@@ -170,6 +174,11 @@ fn migration_sums() {
         out.push_str(&format!("    ({name:?}, [{}]),\n", sum.join(", ")));
     }
     out.push_str("];\n");
+    let ledger: String = ledger.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    out.push_str(&format!("pub const LEDGER: &str = {ledger:?};\n"));
     let target = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"));
     std::fs::write(target.join("migration_sums.rs"), out).expect("OUT_DIR is writable");
 }

@@ -12,6 +12,8 @@
 
 pub mod grants;
 
+use std::sync::OnceLock;
+
 use anyhow::{Context, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -122,12 +124,17 @@ impl Migration {
 /// on an empty database serialise here and both succeed (sqlx-postgres's `migrate.rs` does the
 /// same).
 pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
+    // The marker's name as a string literal for to_regtype: the quoted schema's quotes doubled.
+    let marked = schema
+        .sql(&format!("{{s}}.\"{}\"", marker()))
+        .replace('\'', "''");
     let probe = client
-        .simple_query(&schema.sql(
-            "SELECT current_setting('statement_timeout') AS statement_timeout;
+        .simple_query(&schema.sql(&format!(
+            "SELECT current_setting('statement_timeout') AS statement_timeout,
+                    to_regtype('{marked}') IS NOT NULL AS marked;
              SELECT version, encode(checksum, 'hex') AS checksum
-               FROM {s}.schema_migrations ORDER BY version",
-        ))
+               FROM {{s}}.schema_migrations ORDER BY version"
+        )))
         .await;
     let found = match probe {
         Ok(msgs) => {
@@ -151,6 +158,10 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
             let current = applied.last().map(|(v, _)| *v);
             let all_summed = applied.iter().all(|(_, sum)| sum.is_some());
             if current == Some(SCHEMA_VERSION) && all_summed {
+                let marked = rows().any(|r| r.try_get("marked").ok().flatten() == Some("t"));
+                if !marked {
+                    mark(client, schema).await;
+                }
                 return Ok(timeout);
             }
             current.map_or(Found::NoLedger, Found::Version)
@@ -178,51 +189,131 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
 }
 
 /// The statement that opens a pipelined first transaction ([`super::first`]): `BEGIN`, then the
-/// session's `statement_timeout` (the column `statement_timeout`), and a division by zero
-/// unless the ledger is exactly this binary's, every version with its checksum. The error
-/// aborts the transaction, so nothing sent after it in the same flight takes effect; the
-/// caller then takes [`migrate`]'s path, which creates, upgrades or refuses with its own
-/// messages. The comparison is the database's, so no round trip waits for it.
+/// session's `statement_timeout` (the column `statement_timeout`), and a reference to the
+/// schema's ledger marker (a type; see `marker` below) that fails unless the marker of this
+/// binary's ledger exists. The error aborts the transaction, so nothing sent after it in the same flight takes
+/// effect; the caller then takes [`migrate`]'s path, which creates, upgrades or refuses with its
+/// own messages (and marks a current schema that lacks its marker). The check is the
+/// database's, so no round trip waits for it.
 ///
-/// The ledger is exactly this binary's when it has as many rows as there are migrations and
-/// each row's checksum is the one at its version in an array of the expected checksums: a
-/// version this binary does not know falls outside the array (NULL), and a row without a
-/// checksum (a ledger from before checksums) compares as NULL, so either one counts as a
-/// mismatch. Counting matches this way costs a fresh server process (every `run` has one) about
-/// 0.2 ms less than building the ledger's text with `string_agg` and `encode` and comparing
-/// that: fewer functions to look up and plan, and no sort.
+/// A type named by the ledger stands in for reading the ledger: in a fresh server process
+/// (every `run` has one) looking a type up by name costs about 0.1 ms, where opening the ledger
+/// table, planning and comparing its checksums cost about 1 ms — the largest part of the
+/// flight's work before the acquisition.
 pub fn begin_if_current(schema: &Schema) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    // A bytea[] literal whose element N is migration N's checksum (versions run 1, 2, … in
-    // order: `versions_are_consecutive_and_checksums_distinct`), `{"\\x…",…}` once read: the
-    // backslash is doubled for the array's own quoting, and again for the escape string
-    // (`E'…'`), which reads the same whatever `standard_conforming_strings` says.
-    let mut expected = String::with_capacity(MIGRATIONS.len() * 104 + 2);
-    expected.push('{');
-    for (i, m) in MIGRATIONS.iter().enumerate() {
-        if i > 0 {
-            expected.push(',');
-        }
-        expected.push_str("\"\\\\\\\\x");
-        for b in m.checksum() {
-            expected.push(char::from(HEX[usize::from(b >> 4)]));
-            expected.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        expected.push('"');
-    }
-    expected.push('}');
-    let count = MIGRATIONS.len();
-    // The divisor depends on rows read at run time, so the planner cannot fold the error into
-    // every execution.
     schema.sql(&format!(
         "BEGIN;
          SELECT current_setting('statement_timeout') AS statement_timeout,
-                1 / (SELECT CASE WHEN count(*) = {count}
-                                  AND count(*) FILTER (
-                                      WHERE checksum = (E'{expected}'::bytea[])[version]) = {count}
-                                 THEN 1 ELSE 0 END
-                       FROM {{s}}.schema_migrations) AS current"
+                NULL::{{s}}.\"{}\" AS current",
+        marker()
     ))
+}
+
+/// What a marker's name starts with; the rest names the ledger ([`marker`]).
+const MARKER_PREFIX: &str = "leasectl_ledger_";
+
+/// The name of the type that marks a schema whose ledger is exactly this binary's: every
+/// migration applied, each with this binary's checksum. `leasectl_ledger_v12_` and the first 12
+/// bytes (hex) of the SHA-384 of the migrations' checksums in order, so a build whose migrations
+/// differ in any byte looks for another name.
+///
+/// [`install_marker`] creates it, with the trigger that drops every marker whenever the ledger
+/// changes (an upgrade by another build, an edit by hand): a marker exists only while the
+/// ledger is the one it was made for.
+fn marker() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| format!("{MARKER_PREFIX}v{SCHEMA_VERSION}_{}", sums::LEDGER))
+}
+
+/// Creates this binary's marker in a schema whose ledger it has just found, or made, exactly
+/// its own, in the transaction that holds the migration lock: first the trigger that drops every
+/// marker on any change to the ledger (a statement trigger, so also for statements that change
+/// no row, and for `TRUNCATE`), then a change of no row that fires it (so another build's
+/// marker goes too), then the type. Needs the ledger's owner (`DROP TRIGGER`) and `CREATE` on
+/// the schema, as migrating does. The trigger's function drops the markers as its owner, who
+/// made them (only the function's owner can replace it, and this makes both): whoever changes
+/// the ledger, the markers go.
+fn install_marker(schema: &Schema) -> String {
+    schema.sql(&format!(
+        r#"CREATE OR REPLACE FUNCTION {{s}}.ledger_changed() RETURNS trigger
+         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $fn$
+         DECLARE
+             marker text;
+         BEGIN
+             FOR marker IN
+                 SELECT format('%I.%I', n.nspname, t.typname)
+                   FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+                  WHERE n.nspname = TG_TABLE_SCHEMA AND t.typname LIKE '{prefix}%'
+             LOOP
+                 EXECUTE 'DROP TYPE ' || marker;
+             END LOOP;
+             RETURN NULL;
+         END
+         $fn$;
+         DROP TRIGGER IF EXISTS ledger_changed ON {{s}}.schema_migrations;
+         CREATE TRIGGER ledger_changed
+             AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON {{s}}.schema_migrations
+             FOR EACH STATEMENT EXECUTE FUNCTION {{s}}.ledger_changed();
+         UPDATE {{s}}.schema_migrations SET version = version WHERE false;
+         CREATE TYPE {{s}}."{marker}" AS ENUM ();
+         COMMENT ON TYPE {{s}}."{marker}" IS
+             'leasectl: this schema''s migration ledger is exactly the one this type names; commands that find it skip reading the ledger. Any change to schema_migrations drops it; leasectl migrate makes it again.';"#,
+        prefix = MARKER_PREFIX.replace('_', "\\_"),
+        marker = marker(),
+    ))
+}
+
+/// Marks a current schema that has no marker (migrated by a leasectl from before markers, or
+/// its ledger changed since and changed back): in a transaction holding the migration lock,
+/// with the ledger read again under it. Best-effort: where it fails, the schema stays unmarked
+/// and its commands keep reading the ledger, which costs them time, not correctness.
+async fn mark(client: &mut Client, schema: &Schema) {
+    let marked = async {
+        let tx = client.transaction().await?;
+        tx.query_typed(MIGRATION_LOCK, &[(&schema.name(), Type::TEXT)])
+            .await?;
+        let applied = read_ledger(&tx, schema).await?;
+        if is_current(&applied) {
+            tx.batch_execute(&install_marker(schema)).await?;
+        }
+        tx.commit().await?;
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+    if let Err(e) = marked {
+        crate::info!(
+            "schema \"{}\" is current but could not be marked as such ({e:#}); its commands read the ledger",
+            schema.name()
+        );
+    }
+}
+
+/// Serialises everything that changes a schema's ledger or its marker.
+const MIGRATION_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))";
+
+/// The ledger's versions and checksums, in version order.
+async fn read_ledger(
+    tx: &tokio_postgres::Transaction<'_>,
+    schema: &Schema,
+) -> Result<Vec<(i32, Option<Vec<u8>>)>> {
+    Ok(tx
+        .query_typed(
+            &schema.sql("SELECT version, checksum FROM {s}.schema_migrations ORDER BY version"),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get("version"), r.get("checksum")))
+        .collect())
+}
+
+/// Whether a ledger is exactly this binary's: every migration, in order, each with its checksum.
+fn is_current(applied: &[(i32, Option<Vec<u8>>)]) -> bool {
+    applied.len() == MIGRATIONS.len()
+        && applied.iter().zip(MIGRATIONS).all(|((version, sum), m)| {
+            *version == m.version && sum.as_deref() == Some(m.checksum())
+        })
 }
 
 /// What a schema's ledger says, read without changing anything (for `leasectl doctor`, which
@@ -434,12 +525,9 @@ fn from_hex(s: &str) -> Vec<u8> {
 /// a transaction-mode pooler can run the whole transaction on any server connection.
 async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     let tx = client.transaction().await?;
-    tx.query_typed(
-        "SELECT pg_advisory_xact_lock(hashtext('leasectl.migrate:' || $1::text))",
-        &[(&schema.name(), Type::TEXT)],
-    )
-    .await
-    .context("cannot take the migration lock")?;
+    tx.query_typed(MIGRATION_LOCK, &[(&schema.name(), Type::TEXT)])
+        .await
+        .context("cannot take the migration lock")?;
     // CREATE SCHEMA, even with IF NOT EXISTS, needs CREATE on the database: only when the
     // schema is missing, so a role that owns a schema an operator made for it can migrate it.
     let exists: bool = tx
@@ -464,15 +552,7 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
     ))
     .await
     .with_context(|| format!("cannot create the ledger in schema \"{}\"", schema.name()))?;
-    let applied: Vec<(i32, Option<Vec<u8>>)> = tx
-        .query_typed(
-            "SELECT version, checksum FROM schema_migrations ORDER BY version",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get("version"), r.get("checksum")))
-        .collect();
+    let applied = read_ledger(&tx, schema).await?;
     check_applied(schema, &applied)?;
     for (version, sum) in &applied {
         if let (None, Some(m)) = (sum, Migration::by_version(*version)) {
@@ -504,6 +584,20 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
             ],
         )
         .await?;
+    }
+    // Best-effort, like [`mark`]: a schema whose marker function another role made (a superuser
+    // migrated it once) stays unmarked rather than un-migrated.
+    tx.batch_execute("SAVEPOINT marker").await?;
+    match tx.batch_execute(&install_marker(schema)).await {
+        Ok(()) => tx.batch_execute("RELEASE SAVEPOINT marker").await?,
+        Err(e) => {
+            crate::info!(
+                "schema \"{}\" could not be marked as current ({}); its commands read the ledger",
+                schema.name(),
+                super::reason(&e)
+            );
+            tx.batch_execute("ROLLBACK TO SAVEPOINT marker").await?;
+        }
     }
     tx.commit().await.context("cannot commit the migrations")?;
     Ok(())

@@ -292,6 +292,48 @@ fn a_version_1_schema_is_upgraded_in_place_keeping_its_rows() {
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
 
+/// The markers of this schema: types named `leasectl_ledger_…`, comma-separated.
+const MARKERS: &str = "SELECT coalesce(string_agg(typname, ',' ORDER BY typname), '') FROM pg_type
+     WHERE typnamespace = current_schema()::regnamespace AND typname LIKE 'leasectl\\_ledger\\_%'";
+
+/// A `run` checks the schema by its marker, a type named after this build's ledger, instead of
+/// reading the ledger. A schema without it (migrated by a leasectl from before markers) is
+/// checked the old way and marked on the way; any change to the ledger drops the marker, so an
+/// edited or upgraded ledger is always read again.
+#[test]
+fn a_current_schema_is_marked_and_loses_its_marker_when_the_ledger_changes() {
+    let env = Env::new();
+    env.run(&["migrate"]);
+    let marker = env.scalar(MARKERS);
+    assert!(
+        marker.starts_with("leasectl_ledger_v12_") && !marker.contains(','),
+        "{marker}"
+    );
+
+    // Unmarked, as a schema migrated before markers: the run reads the ledger, and marks it.
+    env.sql(&format!("DROP TYPE \"{marker}\""));
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.scalar(MARKERS), marker);
+
+    // Another build's marker is not this one's, and goes when this one's is made.
+    env.sql(&format!(
+        "DROP TYPE \"{marker}\"; CREATE TYPE leasectl_ledger_v12_000000000000000000000000 AS ENUM ()"
+    ));
+    let o = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(env.scalar(MARKERS), marker);
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "2");
+
+    // Any statement on the ledger drops it, even one that changes no row; migrate makes it again.
+    env.sql("UPDATE schema_migrations SET name = name WHERE false");
+    assert_eq!(env.scalar(MARKERS), "");
+    env.run(&["migrate"]);
+    assert_eq!(env.scalar(MARKERS), marker);
+    env.sql("DELETE FROM schema_migrations WHERE version = 12");
+    assert_eq!(env.scalar(MARKERS), "");
+}
+
 #[test]
 fn a_schema_newer_than_the_binary_is_refused_with_78() {
     let env = Env::new();
