@@ -124,14 +124,18 @@ impl Migration {
 /// on an empty database serialise here and both succeed (sqlx-postgres's `migrate.rs` does the
 /// same).
 pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
-    // The marker's name as a string literal for to_regtype: the quoted schema's quotes doubled.
-    let marked = schema
-        .sql(&format!("{{s}}.\"{}\"", marker()))
-        .replace('\'', "''");
+    // Qualified names as string literals: the quoted schema's single quotes doubled.
+    let literal = |name: &str| schema.sql(&format!("{{s}}.{name}")).replace('\'', "''");
+    let (marked, ledger) = (
+        literal(&format!("\"{}\"", marker())),
+        literal("schema_migrations"),
+    );
     let probe = client
         .simple_query(&schema.sql(&format!(
             "SELECT current_setting('statement_timeout') AS statement_timeout,
-                    to_regtype('{marked}') IS NOT NULL AS marked;
+                    to_regtype('{marked}') IS NOT NULL AS marked,
+                    coalesce((SELECT relowner = to_regrole(current_user) FROM pg_class
+                               WHERE oid = to_regclass('{ledger}')), false) AS may_mark;
              SELECT version, encode(checksum, 'hex') AS checksum
                FROM {{s}}.schema_migrations ORDER BY version"
         )))
@@ -158,8 +162,8 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
             let current = applied.last().map(|(v, _)| *v);
             let all_summed = applied.iter().all(|(_, sum)| sum.is_some());
             if current == Some(SCHEMA_VERSION) && all_summed {
-                let marked = rows().any(|r| r.try_get("marked").ok().flatten() == Some("t"));
-                if !marked {
+                let says = |column| rows().any(|r| r.try_get(column).ok().flatten() == Some("t"));
+                if !says("marked") && says("may_mark") {
                     mark(client, schema).await;
                 }
                 return Ok(timeout);
@@ -191,10 +195,10 @@ pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
 /// The statement that opens a pipelined first transaction ([`super::first`]): `BEGIN`, then the
 /// session's `statement_timeout` (the column `statement_timeout`), and a reference to the
 /// schema's ledger marker (a type; see `marker` below) that fails unless the marker of this
-/// binary's ledger exists. The error aborts the transaction, so nothing sent after it in the same flight takes
-/// effect; the caller then takes [`migrate`]'s path, which creates, upgrades or refuses with its
-/// own messages (and marks a current schema that lacks its marker). The check is the
-/// database's, so no round trip waits for it.
+/// binary's ledger exists. The error aborts the transaction, so nothing sent after it in the
+/// same flight takes effect; the caller then takes [`migrate`]'s path, which creates, upgrades
+/// or refuses with its own messages (and marks a current schema that lacks its marker). The
+/// check is the database's, so no round trip waits for it.
 ///
 /// A type named by the ledger stands in for reading the ledger: in a fresh server process
 /// (every `run` has one) looking a type up by name costs about 0.1 ms, where opening the ledger
@@ -230,9 +234,10 @@ fn marker() -> &'static str {
 /// marker on any change to the ledger (a statement trigger, so also for statements that change
 /// no row, and for `TRUNCATE`), then a change of no row that fires it (so another build's
 /// marker goes too), then the type. Needs the ledger's owner (`DROP TRIGGER`) and `CREATE` on
-/// the schema, as migrating does. The trigger's function drops the markers as its owner, who
-/// made them (only the function's owner can replace it, and this makes both): whoever changes
-/// the ledger, the markers go.
+/// the schema, as migrating does. Only the ledger's owner installs it ([`OWNS_LEDGER`]), so
+/// the function, the trigger and every marker belong to one role, and the function drops the
+/// markers as that role (`SECURITY DEFINER`): whoever changes the ledger, the markers go. (A
+/// superuser's marker in another role's schema would make the owner's next upgrade fail.)
 fn install_marker(schema: &Schema) -> String {
     schema.sql(&format!(
         r#"CREATE OR REPLACE FUNCTION {{s}}.ledger_changed() RETURNS trigger
@@ -264,9 +269,10 @@ fn install_marker(schema: &Schema) -> String {
 }
 
 /// Marks a current schema that has no marker (migrated by a leasectl from before markers, or
-/// its ledger changed since and changed back): in a transaction holding the migration lock,
-/// with the ledger read again under it. Best-effort: where it fails, the schema stays unmarked
-/// and its commands keep reading the ledger, which costs them time, not correctness.
+/// its ledger changed since and changed back), when the session's role owns the ledger: in a
+/// transaction holding the migration lock, with the ledger read again under it. Best-effort:
+/// where it fails, the schema stays unmarked and its commands keep reading the ledger, which
+/// costs them time, not correctness.
 async fn mark(client: &mut Client, schema: &Schema) {
     let marked = async {
         let tx = client.transaction().await?;
@@ -287,6 +293,11 @@ async fn mark(client: &mut Client, schema: &Schema) {
         );
     }
 }
+
+/// Whether the session's role itself owns the ledger `$1` (qualified): the only role that
+/// installs a marker (see [`install_marker`]).
+const OWNS_LEDGER: &str = "SELECT coalesce((SELECT relowner = to_regrole(current_user)
+                                     FROM pg_class WHERE oid = to_regclass($1)), false)";
 
 /// Serialises everything that changes a schema's ledger or its marker.
 const MIGRATION_LOCK: &str =
@@ -585,18 +596,25 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
         )
         .await?;
     }
-    // Best-effort, like [`mark`]: a schema whose marker function another role made (a superuser
-    // migrated it once) stays unmarked rather than un-migrated.
-    tx.batch_execute("SAVEPOINT marker").await?;
-    match tx.batch_execute(&install_marker(schema)).await {
-        Ok(()) => tx.batch_execute("RELEASE SAVEPOINT marker").await?,
-        Err(e) => {
-            crate::info!(
-                "schema \"{}\" could not be marked as current ({}); its commands read the ledger",
-                schema.name(),
-                super::reason(&e)
-            );
-            tx.batch_execute("ROLLBACK TO SAVEPOINT marker").await?;
+    // Only by the ledger's owner, and best-effort, like [`mark`]: a schema whose marker function
+    // another role made stays unmarked rather than un-migrated.
+    let ledger = schema.sql("{s}.schema_migrations");
+    let owner: bool = tx
+        .query_typed_one(OWNS_LEDGER, &[(&ledger, Type::TEXT)])
+        .await?
+        .try_get(0)?;
+    if owner {
+        tx.batch_execute("SAVEPOINT marker").await?;
+        match tx.batch_execute(&install_marker(schema)).await {
+            Ok(()) => tx.batch_execute("RELEASE SAVEPOINT marker").await?,
+            Err(e) => {
+                crate::info!(
+                    "schema \"{}\" could not be marked as current ({}); its commands read the ledger",
+                    schema.name(),
+                    super::reason(&e)
+                );
+                tx.batch_execute("ROLLBACK TO SAVEPOINT marker").await?;
+            }
         }
     }
     tx.commit().await.context("cannot commit the migrations")?;

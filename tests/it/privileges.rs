@@ -382,3 +382,44 @@ fn a_waiter_waits_out_a_database_that_has_no_connection_for_it_yet_but_not_a_ref
         .output_within(std::time::Duration::from_secs(20));
     assert_one_line_error(&ghost, 69, "lc_no_such_role");
 }
+
+/// Only the ledger's owner marks a schema (the check `run` makes by the marker's name: see
+/// tests/it/inspect.rs). A superuser's marker in another role's schema would be one the owner's
+/// trigger could not drop, and the owner's next upgrade would fail on it.
+#[test]
+fn only_the_ledgers_owner_marks_the_schema_and_any_ledger_change_drops_the_marker() {
+    let env = Env::new();
+    assert_eq!(code(&env.run(&["migrate"])), 0);
+    let owner = Role::new(&env);
+    let (s, o) = (&env.schema, &owner.name);
+    let markers = format!(
+        "SELECT coalesce(string_agg(typowner::regrole::text, ','), '') FROM pg_type
+          WHERE typnamespace = '\"{s}\"'::regnamespace AND typname LIKE 'leasectl\\_ledger\\_%'"
+    );
+    assert_eq!(env.scalar(&markers), env.scalar("SELECT current_user"));
+    // The schema handed over to the role, unmarked.
+    admin(&format!(
+        "DROP TYPE \"{s}\".\"{}\";
+         ALTER SCHEMA \"{s}\" OWNER TO \"{o}\";
+         ALTER TABLE \"{s}\".schema_migrations OWNER TO \"{o}\";
+         ALTER FUNCTION \"{s}\".ledger_changed() OWNER TO \"{o}\"",
+        env.scalar(&markers.replace("typowner::regrole::text", "typname"))
+    ));
+    assert_eq!(env.scalar(&markers), "");
+
+    // A superuser's run reads the ledger and leaves the schema unmarked.
+    let out = env.run(&["run", "--target", "t", "--", "true"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.scalar(&markers), "");
+
+    // The owner's migrate marks it, with a marker of its own.
+    let out = owner.run(&env, &["migrate"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(&env.scalar(&markers), o);
+
+    // Whoever changes the ledger, the owner's trigger drops the owner's marker.
+    admin(&format!(
+        "UPDATE \"{s}\".schema_migrations SET name = name WHERE false"
+    ));
+    assert_eq!(env.scalar(&markers), "");
+}
