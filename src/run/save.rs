@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use tokio::time::{sleep, timeout, Instant};
-use tokio_postgres::Statement;
 
 use super::{bounded, is_unavailable, release_within, STATEMENT_DEADLINE};
 use crate::config::RunConfig;
@@ -24,7 +23,7 @@ pub(super) async fn store(
     lease: &Lease,
     record: &RunRecord<'_>,
     exit: Exit,
-    planned: Option<&Statement>,
+    planned: Option<&runs::Planned>,
 ) -> Result<Exit> {
     let give_up_at = deadline(Instant::now(), cfg.ttl.max(Duration::from_secs(10)));
     let mut delay = Duration::from_millis(100);

@@ -49,7 +49,7 @@ pub(super) async fn execute(
     // The server prepares and plans the save while the command starts and runs. Only on a
     // direct session: behind a transaction-mode pooler the save may run in another server
     // process.
-    let ahead = runs::plan_save_ahead(&db.client, &db.schema, db.can_listen()).await;
+    let ahead = runs::plan_save_ahead(&db.client, &db.schema, lease.keep, db.can_listen()).await;
     let events_file = match EventsFile::create() {
         Ok(f) => Some(f),
         Err(e) => {

@@ -75,6 +75,10 @@ fn a_plain_run_makes_two_flights_of_statements() {
             && flights[1][1].starts_with("WITH owner AS"),
         "the save is prepared as the command starts: {flights:#?}"
     );
+    // The plain save: it reads none of the command's own events and renews no step's lease.
+    for full_only in ["jsonb_array_elements", "$26", "$27"] {
+        assert!(!flights[1][1].contains(full_only), "{}", flights[1][1]);
+    }
     let planned = &flights[2];
     assert!(
         planned.len() == 3
@@ -151,6 +155,51 @@ fn a_command_over_at_once_is_saved_without_a_plan_ahead() {
         "the save executes the prepared statement: {flights:#?}"
     );
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
+}
+
+/// A command that writes events of its own needs the full save, which was not the one planned
+/// ahead: the save sends that text itself, with the plan cache mode reset in the same flight,
+/// and stores the command's events after the run's, in the file's order. Nothing is answered
+/// with an error.
+#[test]
+fn a_command_with_events_of_its_own_is_saved_with_the_full_statement() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let rec = Recorder::start();
+    let emit = |id: &str| {
+        format!(
+            "printf '%s\\n' '{{\"aggregate_type\":\"export\",\"aggregate_id\":\"{id}\",\"type\":\"export.ready\",\"payload\":1}}' >> \"$LEASECTL_EVENTS\""
+        )
+    };
+    let command = format!("{} && {} && sleep 0.3", emit("a"), emit("b"));
+    let flights = statement_flights(&env, &rec, Some("none"), &command);
+    let planned = &flights[1][1];
+    assert!(
+        planned.starts_with("WITH owner AS") && !planned.contains("jsonb_array_elements"),
+        "the plain save is planned ahead: {flights:#?}"
+    );
+    let last = &flights[flights.len() - 1];
+    assert!(
+        last.len() == 2
+            && last[0] == "RESET plan_cache_mode"
+            && last[1].starts_with("WITH owner AS")
+            && last[1].contains("jsonb_array_elements"),
+        "the full save is sent as its own statement: {flights:#?}"
+    );
+    let answers = rec.answers();
+    for answer in &answers {
+        assert_eq!(errors(answer), Vec::<String>::new());
+    }
+    assert_eq!(
+        env.scalar("SELECT string_agg(aggregate_id, ' ' ORDER BY seq) FROM outbox"),
+        "t a b"
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM leases WHERE token IS NULL"),
+        "1"
+    );
 }
 
 /// Where the pooler is detected (the default), the first flight's check tells whether the
