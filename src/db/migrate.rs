@@ -126,18 +126,16 @@ impl Migration {
 pub async fn migrate(client: &mut Client, schema: &Schema) -> Result<String> {
     // Qualified names as string literals: the quoted schema's single quotes doubled.
     let literal = |name: &str| schema.sql(&format!("{{s}}.{name}")).replace('\'', "''");
-    let (marked, ledger) = (
-        literal(&format!("\"{}\"", marker())),
-        literal("schema_migrations"),
-    );
+    let ledger = literal("schema_migrations");
     let probe = client
         .simple_query(&schema.sql(&format!(
             "SELECT current_setting('statement_timeout') AS statement_timeout,
-                    to_regtype('{marked}') IS NOT NULL AS marked,
+                    {marked} AS marked,
                     coalesce((SELECT relowner = to_regrole(current_user) FROM pg_class
                                WHERE oid = to_regclass('{ledger}')), false) AS may_mark;
              SELECT version, encode(checksum, 'hex') AS checksum
-               FROM {{s}}.schema_migrations ORDER BY version"
+               FROM {{s}}.schema_migrations ORDER BY version",
+            marked = is_marked(schema),
         )))
         .await;
     let found = match probe {
@@ -268,9 +266,26 @@ fn install_marker(schema: &Schema) -> String {
     ))
 }
 
+/// Whether `schema` has this binary's marker, as an SQL expression. It reads the catalog
+/// rather than resolving the name (`to_regtype`): a marker dropped and made again by another
+/// session meanwhile would make that fail with "cache lookup failed for type" instead of
+/// answering.
+fn is_marked(schema: &Schema) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_catalog.pg_type t
+                   JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+                  WHERE n.nspname = '{}' AND t.typname = '{}')",
+        schema.name().replace('\'', "''"),
+        marker()
+    )
+}
+
 /// Marks a current schema that has no marker (migrated by a leasectl from before markers, or
 /// its ledger changed since and changed back), when the session's role owns the ledger: in a
-/// transaction holding the migration lock, with the ledger read again under it. Best-effort:
+/// transaction holding the migration lock, with the ledger read again under it — and not when
+/// another session marked it meanwhile: installing drops every marker before it makes its own,
+/// and many commands starting at once on a schema just migrated would each drop the marker
+/// the others are checking. Best-effort:
 /// where it fails, the schema stays unmarked and its commands keep reading the ledger, which
 /// costs them time, not correctness.
 async fn mark(client: &mut Client, schema: &Schema) {
@@ -279,7 +294,12 @@ async fn mark(client: &mut Client, schema: &Schema) {
         tx.query_typed(MIGRATION_LOCK, &[(&schema.name(), Type::TEXT)])
             .await?;
         let applied = read_ledger(&tx, schema).await?;
-        if is_current(&applied) {
+        let marked = tx
+            .query_typed(&format!("SELECT {}", is_marked(schema)), &[])
+            .await?
+            .first()
+            .is_some_and(|r| r.get::<_, bool>(0));
+        if is_current(&applied) && !marked {
             tx.batch_execute(&install_marker(schema)).await?;
         }
         tx.commit().await?;
@@ -603,7 +623,16 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
         .query_typed_one(OWNS_LEDGER, &[(&ledger, Type::TEXT)])
         .await?
         .try_get(0)?;
-    if owner {
+    // Not again where the marker stands: another command migrated the schema while this one
+    // waited for the lock, and making the marker drops it first, which fails the commands
+    // checking for it meanwhile ("cache lookup failed for type"). A ledger this transaction
+    // changed has lost its marker already (the trigger).
+    let marked = tx
+        .query_typed(&format!("SELECT {}", is_marked(schema)), &[])
+        .await?
+        .first()
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if owner && !marked {
         tx.batch_execute("SAVEPOINT marker").await?;
         match tx.batch_execute(&install_marker(schema)).await {
             Ok(()) => tx.batch_execute("RELEASE SAVEPOINT marker").await?,

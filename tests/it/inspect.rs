@@ -334,6 +334,130 @@ fn a_current_schema_is_marked_and_loses_its_marker_when_the_ledger_changes() {
     assert_eq!(env.scalar(MARKERS), "");
 }
 
+/// Many commands starting at once on a schema that does not exist yet, or is current but
+/// without its marker: one migrates or marks it, and the others neither fail nor make the
+/// marker again. (Making it drops every marker first; a command that found the schema unmarked
+/// an instant before another marked it made it again, and commands checking for the marker
+/// meanwhile failed with "cache lookup failed for type".) Every run succeeds, and the marker
+/// is the only one.
+#[test]
+fn commands_starting_together_on_a_new_or_unmarked_schema_all_run() {
+    for round in 0..4 {
+        let env = Env::new();
+        if round % 2 == 1 {
+            env.run(&["migrate"]);
+            env.sql("UPDATE schema_migrations SET name = name WHERE false");
+            assert_eq!(env.scalar(MARKERS), "");
+        }
+        let runs: Vec<_> = (0..32)
+            .map(|i| {
+                // Half of them as --max-holders callers, which check the schema the long way.
+                let holders = if i % 2 == 0 { "1" } else { "2" };
+                let target = format!("t{i}");
+                env.spawn(&[
+                    "run",
+                    "--target",
+                    &target,
+                    "--max-holders",
+                    holders,
+                    "--",
+                    "true",
+                ])
+            })
+            .collect();
+        for r in runs {
+            let o = finish(r);
+            assert_eq!(code(&o), 0, "round {round}: {}", stderr(&o));
+        }
+        let marker = env.scalar(MARKERS);
+        assert!(
+            marker.starts_with("leasectl_ledger_v12_") && !marker.contains(','),
+            "round {round}: {marker}"
+        );
+        assert_eq!(env.scalar("SELECT count(*) FROM runs"), "32");
+    }
+}
+
+/// Two commands that both found the schema missing wait for the migration lock; the first
+/// migrates and marks it, the second finds it current under the lock and leaves the marker
+/// alone. (Making it again dropped it first, and commands checking for it meanwhile failed
+/// with "cache lookup failed for type".) The test's sessions queue for the lock too, one
+/// between the two commands, so it sees the marker the first one made before the second runs.
+#[test]
+fn a_command_that_finds_the_schema_migrated_under_the_lock_leaves_the_marker_alone() {
+    let env = Env::new();
+    let direct = format!(
+        "{} host={} port={} user={}",
+        env.direct_url,
+        env.scalar("SELECT split_part(current_setting('unix_socket_directories'), ',', 1)"),
+        env.scalar("SELECT current_setting('port')"),
+        env.scalar("SELECT current_user"),
+    );
+    let key = format!("hashtext('leasectl.migrate:{}')", env.schema);
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+            AND objid::int8 = ({key}::int8 & 4294967295)"
+    );
+    let marker_oid = format!(
+        "SELECT oid::text FROM pg_type WHERE typnamespace = '\"{}\"'::regnamespace
+            AND typname LIKE 'leasectl\\_ledger\\_%'",
+        env.schema
+    );
+    // Threads of its own: the session queued between the commands waits while the test does.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let session = || async {
+        let (client, connection) = tokio_postgres::connect(&direct, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+    };
+    let (first, between) = rt.block_on(async { (session().await, session().await) });
+    let lock = format!("SELECT pg_advisory_lock({key})");
+    rt.block_on(first.batch_execute(&lock)).unwrap();
+    let one = env.spawn(&["migrate"]);
+    wait_for("the first migration to wait", || {
+        env.scalar(&waiting) == "1"
+    });
+    // Queued after the first command and before the second: granted once the first commits.
+    let unlock = format!("SELECT pg_advisory_unlock({key})");
+    let unlocked = unlock.clone();
+    let seen = rt.spawn(async move {
+        between.batch_execute(&lock).await.unwrap();
+        let oid = between
+            .query_one(&marker_oid, &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0);
+        between.batch_execute(&unlocked).await.unwrap();
+        oid
+    });
+    wait_for("the test's session to wait", || env.scalar(&waiting) == "2");
+    let two = env.spawn(&["migrate"]);
+    wait_for("the second migration to wait", || {
+        env.scalar(&waiting) == "3"
+    });
+    rt.block_on(first.batch_execute(&unlock)).unwrap();
+    let made = rt.block_on(seen).unwrap();
+    for m in [one, two] {
+        let o = finish(m);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+    assert_eq!(
+        env.scalar(&format!(
+            "SELECT oid::text FROM pg_type WHERE typnamespace = '\"{}\"'::regnamespace
+                AND typname LIKE 'leasectl\\_ledger\\_%'",
+            env.schema
+        )),
+        made,
+        "the second migration made the marker again"
+    );
+}
+
 #[test]
 fn a_schema_newer_than_the_binary_is_refused_with_78() {
     let env = Env::new();
