@@ -11,7 +11,7 @@
 //! Every change that can let another waiter go (a leave, a supersession) is announced on the
 //! lease channel with the target as payload, like a release: waiters wake at once.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use tokio_postgres::types::{ToSql, Type};
@@ -181,12 +181,21 @@ pub async fn join(
 /// After a busy attempt: the holder and the queue of `target`, and — for a waiter (`ticket`) —
 /// its own place, renewing its row in the same statement (a row whose TTL already ran out is
 /// not renewed: the waiter joins again).
+///
+/// A caller without a place that finds a live holder — the busy answer of a plain `run` —
+/// learns it from two plain statements instead (`glance`); everything else is read by the full
+/// statement.
 pub async fn look(
     client: &Client,
     schema: &Schema,
     target: &str,
     ticket: Option<Ticket>,
 ) -> Result<Busy> {
+    if ticket.is_none() {
+        if let Some(busy) = glance(client, schema, target).await? {
+            return Ok(busy);
+        }
+    }
     let sql = sql(
         schema,
         "WITH me AS (
@@ -286,6 +295,112 @@ pub async fn look(
         next,
         mine,
     })
+}
+
+/// The busy answer of a caller without a place, when the target has a live holder: its lease
+/// rows as stored and the count of its live waiters, two plain statements in one flight.
+/// `None` when no place is held: then what goes first (a stopping holder, the queue) and who
+/// is next is the full look's to tell.
+///
+/// The full look's statement costs a fresh server process about 3 ms to parse and plan (its
+/// two data-modifying steps for a waiter's own row, eight subqueries, the time arithmetic);
+/// these two about 0.9 ms. So the holder, its expiry and the stopping deadline are worked out
+/// here from the rows' times and the database's `now()` — the same comparisons as `{expired}`
+/// and `{stopping}`, at the same microseconds — and [`Busy::next`] is left empty: only the
+/// answer without a holder names who goes next.
+async fn glance(client: &Client, schema: &Schema, target: &str) -> Result<Option<Busy>> {
+    let places = schema.sql(
+        "SELECT l.token IS NOT NULL AS held, l.max_holders, l.place, l.holder_host, l.holder_pid,
+                l.holder_label, l.fence, l.ttl_ms, l.heartbeat_at, l.acquired_at, l.queued_until,
+                l.stopping_token IS NOT NULL AS stopping, l.stopping_until, l.stopping_host,
+                l.stopping_pid, l.stopping_fence, now() AS now
+           FROM {s}.leases l WHERE l.target = $1",
+    );
+    let queue = sql(
+        schema,
+        "SELECT count(*) AS waiting, count(*) FILTER (WHERE w.queue <> 'unordered') AS ordered
+           FROM {s}.waiters w WHERE w.target = $1 AND {live_waiter}",
+    );
+    let param: [(&(dyn ToSql + Sync), Type); 1] = [(&target, Type::TEXT)];
+    let (places, queue) = tokio::join!(
+        client.query_typed(&places, &param),
+        client.query_typed(&queue, &param),
+    );
+    let (places, queue) = (
+        places.context("cannot read the lease")?,
+        queue.context("cannot read the queue")?,
+    );
+    let Some(now) = places.first().map(|r| r.get::<_, SystemTime>("now")) else {
+        return Ok(None);
+    };
+    let since = |then: SystemTime| now.duration_since(then).unwrap_or_default();
+    let until = |then: SystemTime| then.duration_since(now).unwrap_or_default();
+    let mut holders = 0;
+    let mut first: Option<(SystemTime, Holder)> = None;
+    let mut in_force = 1;
+    let mut queued = false;
+    let mut stopping: Option<(SystemTime, Stopping)> = None;
+    for r in &places {
+        let ttl = crate::fmt::millis(r.get("ttl_ms"));
+        let heartbeat_at: SystemTime = r.get("heartbeat_at");
+        let expires_at = heartbeat_at + ttl;
+        if r.get::<_, i32>("place") == 0 {
+            in_force = r.get("max_holders");
+            queued = r
+                .get::<_, Option<SystemTime>>("queued_until")
+                .is_some_and(|q| q > now);
+        }
+        // `{expired}`: the heartbeat plus the TTL before now.
+        if r.get("held") && expires_at >= now {
+            holders += 1;
+            if first.as_ref().is_none_or(|(at, _)| expires_at < *at) {
+                let age = rounded(since(heartbeat_at));
+                let holder = Holder {
+                    host: r.get("holder_host"),
+                    pid: r.get("holder_pid"),
+                    label: r.get("holder_label"),
+                    running: rounded(since(r.get("acquired_at"))),
+                    fence: r.get("fence"),
+                    ttl,
+                    heartbeat_age: age,
+                    expires_in: ttl.saturating_sub(age),
+                };
+                first = Some((expires_at, holder));
+            }
+        }
+        // `{stopping}`: a stopping holder's deadline after now.
+        let deadline = r.get::<_, Option<SystemTime>>("stopping_until");
+        if let Some(until_at) = deadline.filter(|d| r.get("stopping") && *d > now) {
+            if stopping.as_ref().is_none_or(|(at, _)| until_at > *at) {
+                let st = Stopping {
+                    who: super::holder::who(r.get("stopping_host"), r.get("stopping_pid"), None),
+                    fence: r.get::<_, Option<i64>>("stopping_fence").unwrap_or(0),
+                    left: rounded(until(until_at)),
+                };
+                stopping = Some((until_at, st));
+            }
+        }
+    }
+    let Some((_, holder)) = first else {
+        return Ok(None);
+    };
+    let queue = queue.first().context("cannot read the queue")?;
+    Ok(Some(Busy {
+        holder: Some(holder),
+        holders,
+        in_force,
+        queued,
+        waiting: queue.get("waiting"),
+        ahead: queue.get("ordered"),
+        next: None,
+        mine: None,
+        stopping: stopping.map(|(_, st)| st),
+    }))
+}
+
+/// A span to the nearest millisecond, as the full look's `round(… * 1000)` gives it.
+fn rounded(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from((d.as_micros() + 500) / 1000).unwrap_or(u64::MAX))
 }
 
 fn place_from_row(row: &Row) -> Place {

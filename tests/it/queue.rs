@@ -115,6 +115,61 @@ fn a_caller_without_wait_does_not_jump_the_queue_of_a_free_target() {
     assert_eq!(stdout(&o), "ran\n");
 }
 
+/// The busy answer of a caller that does not wait names the live holder and counts the live
+/// waiters of every mode (a `--queue unordered` one too), and says nothing of a dead holder's
+/// row: a holder whose TTL ran out is not a holder.
+#[test]
+fn a_busy_answer_names_the_holder_and_counts_the_waiters_of_every_mode() {
+    let env = Env::new();
+    let holder = hold_until(&env, "b", "gate", &["--label", "keeper", "--ttl", "90s"]);
+    let waiters = [
+        env.spawn(&[
+            "run",
+            "--target",
+            "b",
+            "--wait",
+            "--queue",
+            "unordered",
+            "--",
+            "true",
+        ]),
+        env.spawn(&["run", "--target", "b", "--wait", "--", "true"]),
+    ];
+    wait_for("both waiters to queue", || queued(&env, "b") == 2);
+    let o = env.run(&["run", "--target", "b", "--", "true"]);
+    let expected = format!(
+        "'b' is busy: held by {} pid {} [keeper] (fence 1), last heartbeat ",
+        hostname(),
+        holder.id()
+    );
+    assert_one_line_error(&o, 75, &expected);
+    assert!(
+        stderr(&o)
+            .trim_end()
+            .ends_with("ttl 1m30s; 2 callers waiting"),
+        "{}",
+        stderr(&o)
+    );
+    // Another row of the target whose holder's TTL ran out long ago is no holder: the answer
+    // still names the live one.
+    env.sql(
+        "INSERT INTO leases (target, place, token, fence, ttl_ms, heartbeat_at, acquired_at,
+                             holder_host, holder_pid)
+         VALUES ('b', 1, gen_random_uuid(), 7, 1000, now() - interval '1 hour',
+                 now() - interval '1 hour', 'elsewhere', 1)",
+    );
+    let o = env.run(&["run", "--target", "b", "--", "true"]);
+    assert_one_line_error(&o, 75, &expected);
+    assert!(!stderr(&o).contains("elsewhere"), "{}", stderr(&o));
+    env.sql("DELETE FROM leases WHERE target = 'b' AND place = 1");
+    open(&env, "gate");
+    assert_eq!(code(&finish(holder)), 0);
+    for w in waiters {
+        let o = finish(w);
+        assert_eq!(code(&o), 0, "{}", stderr(&o));
+    }
+}
+
 #[test]
 fn a_waiter_that_gives_up_or_is_interrupted_leaves_the_queue_at_once() {
     let env = Env::new();

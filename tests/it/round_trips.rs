@@ -202,6 +202,52 @@ fn a_command_with_events_of_its_own_is_saved_with_the_full_statement() {
     );
 }
 
+/// The busy answer of a caller that does not wait: after the acquisition's flight, one more
+/// with two plain statements (the target's lease rows, the count of its waiters) and not the
+/// queue's full statement, whose planning a fresh server process pays about 3 ms for.
+#[test]
+fn a_busy_answer_reads_the_lease_and_the_queue_in_one_flight_of_two_plain_statements() {
+    let env = Env::new();
+    let o = env.run(&["migrate"]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let holder = env.spawn(&["run", "--target", "t", "--", "sleep", "30"]);
+    wait_for("the holder to hold", || {
+        env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL") == "1"
+    });
+    let rec = Recorder::start();
+    let o = env
+        .command_at(&rec.url())
+        .env("LEASECTL_POOLER", "none")
+        .args(["run", "--target", "t", "--", "true"])
+        .output_in_time();
+    assert_eq!(code(&o), 75, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("pid {}", holder.id())),
+        "{}",
+        stderr(&o)
+    );
+    let conns = rec.flights();
+    assert_eq!(conns.len(), 1, "one connection: {conns:?}");
+    let flights: Vec<Vec<String>> = conns[0]
+        .iter()
+        .filter(|f| has_statement(f))
+        .map(|f| statements(f))
+        .collect();
+    assert_eq!(flights.len(), 2, "{flights:#?}");
+    let answer = &flights[1];
+    assert!(
+        answer.len() == 2
+            && answer[0].starts_with("SELECT l.token IS NOT NULL AS held")
+            && answer[1].starts_with("SELECT count(*) AS waiting"),
+        "{flights:#?}"
+    );
+    for answers in rec.answers() {
+        assert_eq!(errors(&answers), Vec::<String>::new());
+    }
+    kill(holder.id(), libc::SIGTERM);
+    let _ = finish(holder);
+}
+
 /// Where the pooler is detected (the default), the first flight's check tells whether the
 /// session is direct, so the LISTEN cannot go with it unless the database decides — a DO
 /// block, whose PL/pgSQL costs a fresh server process more than the rest of the flight. The
