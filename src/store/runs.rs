@@ -416,20 +416,16 @@ impl Shape {
 /// once per process: a run prepares one ahead and sends one itself only where the prepared one
 /// is gone or of the other shape.
 fn save_sql(schema: &Schema, shape: Shape) -> String {
-    static SPLICED: OnceLock<(String, [String; 2])> = OnceLock::new();
-    let texts = || {
-        [
-            splice_save(schema, Shape::Plain),
-            splice_save(schema, Shape::Full),
-        ]
+    static PLAIN: OnceLock<(String, String)> = OnceLock::new();
+    static FULL: OnceLock<(String, String)> = OnceLock::new();
+    let spliced = match shape {
+        Shape::Plain => &PLAIN,
+        Shape::Full => &FULL,
     };
-    let (name, spliced) = SPLICED.get_or_init(|| (schema.name().to_owned(), texts()));
-    let index = match shape {
-        Shape::Plain => 0,
-        Shape::Full => 1,
-    };
+    let (name, text) =
+        spliced.get_or_init(|| (schema.name().to_owned(), splice_save(schema, shape)));
     if name == schema.name() {
-        spliced[index].clone()
+        text.clone()
     } else {
         splice_save(schema, shape)
     }
