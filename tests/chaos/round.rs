@@ -31,7 +31,9 @@ use crate::Ctx;
 /// with a grandchild that would outlive it (`sleep 300 &`), a tick logged every 100 ms while it
 /// works (until `$CHAOS_GATE` exists or `$CHAOS_SLEEP_MS` passed), every step logged, and after
 /// its write an event of its own in `$LEASECTL_EVENTS` (aggregate `<target>.job`, its fence),
-/// which only a stored result may bring into the outbox (I2). A
+/// which only a stored result may bring into the outbox (I2) — the commands that exit 3 do, those
+/// that exit 0 write none, so both texts of the fenced save (the full one, sent by the save
+/// itself, and the plain one, planned while the command runs) meet every fault. A
 /// command that ignores SIGTERM keeps ticking through its grace, so a command still alive then
 /// is seen by its own log as well as by the monitor. A host clock faked by libfaketime must not
 /// reach the log: the preload is dropped before the first timestamp.
@@ -60,7 +62,7 @@ if [ -n "$v" ]; then
     [ -n "$r" ] || r=-
 fi
 echo "write $CHAOS_ID $$ $LEASECTL_FENCE $r $(ts)" >> "$L"
-[ -n "$LEASECTL_EVENTS" ] && printf '{"aggregate_type":"chaos.job","aggregate_id":"%s.job","type":"job.done","payload":{"fence":%s}}\n' "$LEASECTL_TARGET" "$LEASECTL_FENCE" >> "$LEASECTL_EVENTS"
+[ "$CHAOS_EXIT" != 0 ] && [ -n "$LEASECTL_EVENTS" ] && printf '{"aggregate_type":"chaos.job","aggregate_id":"%s.job","type":"job.done","payload":{"fence":%s}}\n' "$LEASECTL_TARGET" "$LEASECTL_FENCE" >> "$LEASECTL_EVENTS"
 echo "child $CHAOS_ID is done" >&2
 echo "end $CHAOS_ID $$ $LEASECTL_FENCE $(ts)" >> "$L"
 [ "$CHAOS_YES" = 1 ] && exec yes chaos
