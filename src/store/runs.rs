@@ -172,7 +172,16 @@ pub async fn save_fenced(
     ];
     params.extend(save.into_iter().zip(SAVE_TYPES));
     let shape = Shape::of(lease.keep, run.job_events);
-    let rows = match execute_planned(client, planned, shape, &params).await {
+    let ahead = match (planned, run.job_events) {
+        // The command wrote events of its own, and the plain save was planned: the plan stores
+        // the run and releases the lease, the events follow in the same transaction.
+        (Some(p), Some(events)) if shape == Shape::Full && p.shape == Shape::Plain => {
+            let then = (run.id, events, outbox_channel.as_str());
+            save_then_events(client, schema, &p.statement, &params, then).await
+        }
+        _ => execute_planned(client, planned, shape, &params).await,
+    };
+    let rows = match ahead {
         Some(rows) => rows?,
         None => {
             client
@@ -362,6 +371,55 @@ async fn execute_planned(
         Err(e) if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => None,
         rows => Some(rows),
     }
+}
+
+/// The plain save planned ahead, then the command's own `events` — in one transaction, sent in
+/// one flight (`BEGIN`, the plan, the events' `INSERT`, `COMMIT`), with the plan cache mode reset
+/// after it. The events go in only where the run was stored (its id is there, inserted by the
+/// statement before, under the lease row's lock that the commit releases), after the run's own
+/// event and in the file's order, and notify relays as the save does. Cheaper than the full
+/// text sent unplanned, whose parse and plan a fresh server process pays after the command.
+/// `None` when the session no longer has the statement (the transaction is then rolled back
+/// and the caller sends the full text itself); any other failure is the save's.
+async fn save_then_events(
+    client: &Client,
+    schema: &Schema,
+    planned: &Statement,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    (run_id, events, outbox_channel): (Uuid, &serde_json::Value, &str),
+) -> Option<Result<Vec<Row>, tokio_postgres::Error>> {
+    let insert = sql(
+        schema,
+        "INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type', j.e->'payload'
+           FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS j(e, ord)
+          WHERE EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = $2)
+          ORDER BY j.ord
+         RETURNING pg_notify($3, '')",
+    );
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    let inserted: [(&(dyn ToSql + Sync), Type); 3] = [
+        (events, Type::JSONB),
+        (&run_id, Type::UUID),
+        (&outbox_channel, Type::TEXT),
+    ];
+    // Polled in this order, each request goes out before any answer is awaited: one flight.
+    // The statement prepared ahead on this session (or gone with it: answered below).
+    #[allow(clippy::disallowed_methods)]
+    let (begun, saved, added, committed, _) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query(planned, &values),
+        client.query_typed(&insert, &inserted),
+        client.batch_execute("COMMIT"),
+        client.batch_execute("RESET plan_cache_mode"),
+    );
+    // A failed statement aborted the transaction, and its COMMIT rolled it back.
+    match saved {
+        Err(e) if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) => return None,
+        Err(e) => return Some(Err(e)),
+        Ok(_) => {}
+    }
+    Some(begun.and(added).and(committed).and(saved))
 }
 
 /// SQL NULL as a parameter of any type.

@@ -157,12 +157,14 @@ fn a_command_over_at_once_is_saved_without_a_plan_ahead() {
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "1");
 }
 
-/// A command that writes events of its own needs the full save, which was not the one planned
-/// ahead: the save sends that text itself, with the plan cache mode reset in the same flight,
-/// and stores the command's events after the run's, in the file's order. Nothing is answered
-/// with an error.
+/// A command that writes events of its own: the plain save planned ahead stores the run and
+/// releases the lease, and the command's events follow in the same transaction — `BEGIN`, the
+/// plan, the events' `INSERT`, `COMMIT` and the plan cache mode's reset in one flight, not the
+/// full text sent unplanned, whose parse and plan a fresh server process would pay after the
+/// command. The events are stored after the run's, in the file's order, and nothing is
+/// answered with an error.
 #[test]
-fn a_command_with_events_of_its_own_is_saved_with_the_full_statement() {
+fn a_command_with_events_of_its_own_is_saved_by_the_plan_and_one_insert_in_one_transaction() {
     let env = Env::new();
     let o = env.run(&["migrate"]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
@@ -181,11 +183,14 @@ fn a_command_with_events_of_its_own_is_saved_with_the_full_statement() {
     );
     let last = &flights[flights.len() - 1];
     assert!(
-        last.len() == 2
-            && last[0] == "RESET plan_cache_mode"
-            && last[1].starts_with("WITH owner AS")
-            && last[1].contains("jsonb_array_elements"),
-        "the full save is sent as its own statement: {flights:#?}"
+        last.len() == 5
+            && last[0] == "BEGIN"
+            && last[1].starts_with("BIND s")
+            && last[2].starts_with("INSERT INTO")
+            && last[2].contains("jsonb_array_elements")
+            && last[3] == "COMMIT"
+            && last[4] == "RESET plan_cache_mode",
+        "the plan, then the events, in one transaction: {flights:#?}"
     );
     let answers = rec.answers();
     for answer in &answers {
