@@ -235,9 +235,10 @@ pub struct Planned {
 /// it. So both wait for a lock 10 ms at most and are given up otherwise (the save then sends
 /// its statement itself), and the session's own `lock_timeout` is restored right after them.
 ///
-/// The text planned is the one the run needs unless its command writes events of its own
-/// ([`Shape`]): `keep` ([`Lease::keep`]) is known now, the events only once the command is over.
-/// A run whose command wrote some sends the full text itself.
+/// The text planned is the full one for a step's lease (`keep`, [`Lease::keep`]) and the plain
+/// one otherwise ([`Shape`]): whether the command writes events of its own is known only once
+/// it is over. A released run whose command wrote some executes the plain plan and inserts its
+/// events after it in the same transaction (`save_then_events`).
 ///
 /// Only for a `direct` session: behind a transaction-mode pooler the save may run in another
 /// server process, so nothing is sent there.
@@ -452,7 +453,8 @@ pub enum Shape {
     /// The lease is released and the command wrote no events of its own: nearly every run.
     Plain,
     /// A step's lease (`run --token`: renewed and marked idle, not released), or the
-    /// command's own events to store after the run's.
+    /// command's own events to store after the run's. (Where the plain text was planned ahead,
+    /// a released run stores them with a statement of their own after the plan instead.)
     Full,
 }
 

@@ -32,8 +32,9 @@ use crate::Ctx;
 /// works (until `$CHAOS_GATE` exists or `$CHAOS_SLEEP_MS` passed), every step logged, and after
 /// its write an event of its own in `$LEASECTL_EVENTS` (aggregate `<target>.job`, its fence),
 /// which only a stored result may bring into the outbox (I2) — the commands that exit 3 do, those
-/// that exit 0 write none, so both texts of the fenced save (the full one, sent by the save
-/// itself, and the plain one, planned while the command runs) meet every fault. A
+/// that exit 0 write none, so both ways of the fenced save (the plain one planned while the
+/// command runs, alone or followed by the events' own `INSERT` in its transaction) meet every
+/// fault. A
 /// command that ignores SIGTERM keeps ticking through its grace, so a command still alive then
 /// is seen by its own log as well as by the monitor. A host clock faked by libfaketime must not
 /// reach the log: the preload is dropped before the first timestamp.
