@@ -282,10 +282,7 @@ fn is_marked(schema: &Schema) -> String {
 
 /// Marks a current schema that has no marker (migrated by a leasectl from before markers, or
 /// its ledger changed since and changed back), when the session's role owns the ledger: in a
-/// transaction holding the migration lock, with the ledger read again under it — and not when
-/// another session marked it meanwhile: installing drops every marker before it makes its own,
-/// and many commands starting at once on a schema just migrated would each drop the marker
-/// the others are checking. Best-effort:
+/// transaction holding the migration lock, with the ledger read again under it. Best-effort:
 /// where it fails, the schema stays unmarked and its commands keep reading the ledger, which
 /// costs them time, not correctness.
 async fn mark(client: &mut Client, schema: &Schema) {
@@ -294,13 +291,8 @@ async fn mark(client: &mut Client, schema: &Schema) {
         tx.query_typed(MIGRATION_LOCK, &[(&schema.name(), Type::TEXT)])
             .await?;
         let applied = read_ledger(&tx, schema).await?;
-        let marked = tx
-            .query_typed(&format!("SELECT {}", is_marked(schema)), &[])
-            .await?
-            .first()
-            .is_some_and(|r| r.get::<_, bool>(0));
-        if is_current(&applied) && !marked {
-            tx.batch_execute(&install_marker(schema)).await?;
+        if is_current(&applied) {
+            mark_unless_marked(&tx, schema).await?;
         }
         tx.commit().await?;
         Ok::<(), anyhow::Error>(())
@@ -312,6 +304,27 @@ async fn mark(client: &mut Client, schema: &Schema) {
             schema.name()
         );
     }
+}
+
+/// Installs this binary's marker ([`install_marker`]) unless it stands already, under the
+/// migration lock. Installing drops every marker before it makes its own, so making it again
+/// where it stands — another session migrated or marked the schema while this one waited for
+/// the lock, as when many commands start at once on a new schema — would fail the commands
+/// checking for it meanwhile with "cache lookup failed for type". A ledger changed in this
+/// transaction has lost its marker already (the trigger).
+async fn mark_unless_marked(
+    tx: &tokio_postgres::Transaction<'_>,
+    schema: &Schema,
+) -> Result<(), tokio_postgres::Error> {
+    let marked = tx
+        .query_typed(&format!("SELECT {}", is_marked(schema)), &[])
+        .await?
+        .first()
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if !marked {
+        tx.batch_execute(&install_marker(schema)).await?;
+    }
+    Ok(())
 }
 
 /// Whether the session's role itself owns the ledger `$1` (qualified): the only role that
@@ -623,18 +636,9 @@ async fn apply_migrations(client: &mut Client, schema: &Schema) -> Result<()> {
         .query_typed_one(OWNS_LEDGER, &[(&ledger, Type::TEXT)])
         .await?
         .try_get(0)?;
-    // Not again where the marker stands: another command migrated the schema while this one
-    // waited for the lock, and making the marker drops it first, which fails the commands
-    // checking for it meanwhile ("cache lookup failed for type"). A ledger this transaction
-    // changed has lost its marker already (the trigger).
-    let marked = tx
-        .query_typed(&format!("SELECT {}", is_marked(schema)), &[])
-        .await?
-        .first()
-        .is_some_and(|r| r.get::<_, bool>(0));
-    if owner && !marked {
+    if owner {
         tx.batch_execute("SAVEPOINT marker").await?;
-        match tx.batch_execute(&install_marker(schema)).await {
+        match mark_unless_marked(&tx, schema).await {
             Ok(()) => tx.batch_execute("RELEASE SAVEPOINT marker").await?,
             Err(e) => {
                 crate::info!(

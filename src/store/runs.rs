@@ -391,12 +391,14 @@ async fn save_then_events(
 ) -> Option<Result<Vec<Row>, tokio_postgres::Error>> {
     let insert = sql(
         schema,
-        "INSERT INTO {s}.outbox (aggregate_type, aggregate_id, type, payload)
-         SELECT j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type', j.e->'payload'
+        &format!(
+            "INSERT INTO {{s}}.outbox (aggregate_type, aggregate_id, type, payload)
+         SELECT {JOB_EVENT}
            FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS j(e, ord)
-          WHERE EXISTS (SELECT 1 FROM {s}.runs r WHERE r.id = $2)
+          WHERE EXISTS (SELECT 1 FROM {{s}}.runs r WHERE r.id = $2)
           ORDER BY j.ord
-         RETURNING pg_notify($3, '')",
+         RETURNING pg_notify($3, '')"
+        ),
     );
     let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
     let inserted: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -422,6 +424,11 @@ async fn save_then_events(
     }
     Some(begun.and(added).and(committed).and(saved))
 }
+
+/// One of the command's own events as outbox columns (`aggregate_type`, `aggregate_id`, `type`,
+/// `payload`), from its JSON object `j.e` (see `run::events` for what a line may hold).
+const JOB_EVENT: &str =
+    "j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type', j.e->'payload'";
 
 /// SQL NULL as a parameter of any type.
 #[derive(Debug)]
@@ -499,22 +506,24 @@ fn splice_save(schema: &Schema, shape: Shape) -> String {
         Shape::Plain => (
             "",
             "SELECT 'leasectl.target', run.target, $22::text, $23::jsonb
-               FROM run WHERE $22::text IS NOT NULL",
+               FROM run WHERE $22::text IS NOT NULL"
+                .to_owned(),
             "SET token = NULL, holder_host = NULL, holder_pid = NULL, holder_label = NULL,
                     idle_token = NULL, heartbeat_at = now()",
         ),
         Shape::Full => (
             " AND (NOT $27 OR NOT {expired})",
-            "SELECT e.aggregate_type, e.aggregate_id, e.type, e.payload FROM (
+            format!(
+                "SELECT e.aggregate_type, e.aggregate_id, e.type, e.payload FROM (
                  SELECT 0::int8 AS ord, 'leasectl.target' AS aggregate_type,
                         run.target AS aggregate_id, $22::text AS type, $23::jsonb AS payload
                    FROM run WHERE $22::text IS NOT NULL
                  UNION ALL
-                 SELECT j.ord, j.e->>'aggregate_type', j.e->>'aggregate_id', j.e->>'type',
-                        j.e->'payload'
+                 SELECT j.ord, {JOB_EVENT}
                    FROM run, jsonb_array_elements(coalesce($26::jsonb, '[]'))
                              WITH ORDINALITY AS j(e, ord)
-             ) e ORDER BY e.ord",
+             ) e ORDER BY e.ord"
+            ),
             // Released — or, for a lease that outlives the run ($27: `run --token`), renewed
             // and marked idle until the next step.
             "SET token = CASE WHEN $27 THEN l.token END,
@@ -1307,7 +1316,7 @@ mod tests {
             save_sql(&schema, Shape::Plain),
             save_sql(&schema, Shape::Full),
         );
-        for part in ["$26", "$27"] {
+        for part in ["$26", "$27", JOB_EVENT] {
             assert!(!plain.contains(part) && full.contains(part), "{part}");
         }
         for text in [&plain, &full] {
