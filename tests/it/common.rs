@@ -206,6 +206,18 @@ impl Env {
         rows[0][0].clone().unwrap_or_default()
     }
 
+    /// The test database for `tokio_postgres::connect`, which has no libpq defaults: the
+    /// server's own socket, port and user spelled out.
+    pub fn direct_conninfo(&self) -> String {
+        format!(
+            "{} host={} port={} user={}",
+            self.direct_url,
+            self.scalar("SELECT split_part(current_setting('unix_socket_directories'), ',', 1)"),
+            self.scalar("SELECT current_setting('port')"),
+            self.scalar("SELECT current_user"),
+        )
+    }
+
     /// How many leases of this schema are held right now (as text, like [`Env::scalar`]).
     pub fn held_leases(&self) -> String {
         self.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL")

@@ -326,14 +326,7 @@ fn a_password_file_others_can_read_is_ignored_with_libpqs_warning() {
 #[test]
 fn a_session_ended_for_idling_in_a_transaction_and_a_read_only_refusal_count_as_unavailable() {
     let env = Env::new();
-    // tokio-postgres has no libpq defaults: the server's own socket, user and port.
-    let direct = format!(
-        "{} host={} port={} user={}",
-        env.direct_url,
-        env.scalar("SELECT split_part(current_setting('unix_socket_directories'), ',', 1)"),
-        env.scalar("SELECT current_setting('port')"),
-        env.scalar("SELECT current_user"),
-    );
+    let direct = env.direct_conninfo();
     crate::common::runtime().block_on(async {
         // The server sends its idle-in-transaction FATAL unasked; a relay stopped in a batch
         // reads it as the answer to its next statement. The same error, raised on purpose:

@@ -386,13 +386,7 @@ fn commands_starting_together_on_a_new_or_unmarked_schema_all_run() {
 #[test]
 fn a_command_that_finds_the_schema_migrated_under_the_lock_leaves_the_marker_alone() {
     let env = Env::new();
-    let direct = format!(
-        "{} host={} port={} user={}",
-        env.direct_url,
-        env.scalar("SELECT split_part(current_setting('unix_socket_directories'), ',', 1)"),
-        env.scalar("SELECT current_setting('port')"),
-        env.scalar("SELECT current_user"),
-    );
+    let direct = env.direct_conninfo();
     let key = format!("hashtext('leasectl.migrate:{}')", env.schema);
     let waiting = format!(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
