@@ -32,8 +32,38 @@ pub(crate) fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
+/// The NATS server for the tests; before the first use in a test process, the anchor stream
+/// is made sure of ([`anchor`]).
 pub(crate) fn nats_url() -> String {
-    std::env::var("LEASECTL_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+    let url = std::env::var("LEASECTL_TEST_NATS_URL")
+        .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    static ANCHORED: std::sync::Once = std::sync::Once::new();
+    ANCHORED.call_once(|| {
+        let url = url.clone();
+        // On a thread of its own: callers may be inside a runtime already.
+        let _ = std::thread::spawn(move || crate::common::runtime().block_on(anchor(&url))).join();
+    });
+    url
+}
+
+/// A file-stored stream that no test deletes. When an account's last file-stored stream is
+/// deleted, nats-server removes the account's stream directory, and a stream that a parallel
+/// test creates at that moment fails with "mkdir …/jetstream/$G/streams: no such file or
+/// directory". With this one always there, the directory stays. Failing to make it is left
+/// to the test's own use of the server to report.
+async fn anchor(url: &str) {
+    let Ok(client) = async_nats::connect(url).await else {
+        return;
+    };
+    let _ = async_nats::jetstream::new(client)
+        .get_or_create_stream(async_nats::jetstream::stream::Config {
+            name: "LEASECTL_TEST_ANCHOR".to_owned(),
+            subjects: vec!["leasectl_test_anchor.>".to_owned()],
+            storage: async_nats::jetstream::stream::StorageType::File,
+            max_messages: 1,
+            ..Default::default()
+        })
+        .await;
 }
 
 /// Runs `f` on a current-thread runtime, like the relay.
@@ -796,7 +826,8 @@ fn amqp_lost_connection_is_unavailable_then_reconnects() {
 // NATS
 
 pub(crate) async fn jetstream() -> async_nats::jetstream::Context {
-    let client = async_nats::connect(nats_url())
+    let url = nats_url();
+    let client = async_nats::connect(url)
         .await
         .expect("cannot reach NATS for tests (LEASECTL_TEST_NATS_URL)");
     async_nats::jetstream::new(client)
