@@ -725,12 +725,14 @@ def measure_one(args, pg, cand, peer):
         drop(pg, schema)
 
 
-def probe_sink(args, pg, sink):
-    """Delivers 3 events with `relay --once`; returns None if that worked, else the error."""
-    schema = new_schema(args.leasectl)
+def probe_sink(args, pg, sink, leasectl=None):
+    """Delivers 3 events with `relay --once` (of `leasectl`, else --bin's build); returns None if
+    that worked, else the error."""
+    leasectl = leasectl or args.leasectl
+    schema = new_schema(leasectl)
     try:
         fill(pg, schema, 3, 3)
-        code, _, _, _, err = run_measured([*args.leasectl, "--schema", schema, "relay", "--once", "--sink", sink])
+        code, _, _, _, err = run_measured([*leasectl, "--schema", schema, "relay", "--once", "--sink", sink])
         if code != 0:
             return f"exit {code}: {err.splitlines()[-1] if err else ''}"
         if pending(pg, schema) != 0:
@@ -738,6 +740,22 @@ def probe_sink(args, pg, sink):
         return None
     finally:
         drop(pg, schema)
+
+
+def baseline_takes(args, pg, cand):
+    """Whether the --baseline build takes the sink options a candidate adds (`?properties=full`
+    is newer than some baselines): a twin it refuses would fail in every round."""
+    if not cand.query:
+        return True
+    target = AmqpTarget() if cand.kind == "amqp" else None
+    try:
+        why = probe_sink(args, pg, target.sink() + cand.query, args.base) if target else None
+    finally:
+        if target is not None:
+            target.delete()
+    if why:
+        print(f"  {cand.name}@baseline: not measured, the baseline build refuses the sink ({why})")
+    return why is None
 
 
 def throughput(args, pg, peer):
@@ -784,7 +802,7 @@ def throughput(args, pg, peer):
         cands.append(Candidate("http", 1000, "http", f"relay --once → HTTP peer ({args.http_workers} processes, 204)"))
     cands = [c for c in cands if c.kind in ("floor", "ceiling") or c.name.split("-")[0] in args.sinks]
     if args.base:
-        cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http")]
+        cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http") and baseline_takes(args, pg, c)]
     print(f"Throughput: {args.events} events per drain, {args.rounds} rounds of {len(cands)} candidates, rotated")
     for r in range(args.rounds):
         order = cands[r % len(cands) :] + cands[: r % len(cands)]
