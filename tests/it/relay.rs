@@ -769,18 +769,24 @@ fn the_relay_goes_on_claiming_while_it_vacuums_the_outbox() {
                 during.push((v, left.clone()));
             }
             if left == "0" || start.elapsed() > PATIENCE {
-                return (seen, workers);
+                return (seen, workers, during, start.elapsed());
             }
         }
     });
-    let (seen, workers) = seen;
+    let (seen, workers, mut during, watched) = seen;
+    let looks = during.len();
+    during.dedup();
     wait_for("the 60k events", || line_count(&out) == 60_000);
     kill(relay.child.id(), libc::SIGTERM);
     let o = relay.finish();
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     assert!(
         seen,
-        "no event left the outbox while a VACUUM of it was under way"
+        "no event left the outbox while a VACUUM of it was under way; watched {watched:?}, \
+         {looks} looks saw a VACUUM (its backend and start, the outbox's rows; repeats left \
+         out): {during:?}; \
+         relay's stderr: {}",
+        stderr(&o)
     );
     assert!(!workers, "the relay's VACUUM started parallel workers");
     assert!(
