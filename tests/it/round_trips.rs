@@ -4,6 +4,7 @@
 //! waits for.
 
 use crate::common::*;
+use crate::events::migrated;
 use crate::flights::{errors, has_statement, statements, Recorder};
 
 /// The flights with statements of the one connection a `run` makes through the recorder.
@@ -111,9 +112,7 @@ fn a_plain_run_makes_two_flights_of_statements() {
 /// plans itself as it executes, one flight sooner than a plan of its own would leave it.
 #[test]
 fn a_command_over_at_once_is_saved_without_a_plan_ahead() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     // The command writes its pid and exits; the answers to the save's preparation (sent with
     // `plan_cache_mode`) reach leasectl only once the command has exited — whatever the
     // machine's speed, the order a command of a millisecond or two would usually see.
@@ -165,9 +164,7 @@ fn a_command_over_at_once_is_saved_without_a_plan_ahead() {
 /// answered with an error.
 #[test]
 fn a_command_with_events_of_its_own_is_saved_by_the_plan_and_one_insert_in_one_transaction() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     let rec = Recorder::start();
     let emit = |id: &str| {
         format!(
@@ -212,9 +209,7 @@ fn a_command_with_events_of_its_own_is_saved_by_the_plan_and_one_insert_in_one_t
 /// queue's full statement, whose planning a fresh server process pays about 3 ms for.
 #[test]
 fn a_busy_answer_reads_the_lease_and_the_queue_in_one_flight_of_two_plain_statements() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     let holder = env.spawn(&["run", "--target", "t", "--", "sleep", "30"]);
     wait_for("the holder to hold", || {
         env.scalar("SELECT count(*) FROM leases WHERE token IS NOT NULL") == "1"
@@ -260,9 +255,7 @@ fn a_busy_answer_reads_the_lease_and_the_queue_in_one_flight_of_two_plain_statem
 /// the command runs.
 #[test]
 fn a_detecting_run_listens_while_the_command_runs() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     let rec = Recorder::start();
     let flights = statement_flights(&env, &rec, None, "sleep 0.5");
     let first = flights[0].join("\n");
@@ -297,9 +290,7 @@ fn a_detecting_run_listens_while_the_command_runs() {
 /// in the first flight or later, and the save is not planned ahead: two flights.
 #[test]
 fn a_pooled_run_sends_no_listen() {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     let rec = Recorder::start();
     let flights = statement_flights(&env, &rec, Some("transaction"), "sleep 0.3");
     assert_eq!(flights.len(), 2, "{flights:#?}");
@@ -329,9 +320,7 @@ fn a_run_on_a_missing_schema_migrates_then_acquires() {
 /// `n` events of 5 aggregates in a migrated schema, drained by `relay --once --batch 10` to
 /// stdout through the recorder: the schema, the recorder and the relay's output (exit 0).
 fn drain_recorded(n: usize) -> (Env, Recorder, std::process::Output) {
-    let env = Env::new();
-    let o = env.run(&["migrate"]);
-    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let env = migrated();
     crate::events::insert_events(&env, n, 5, 1);
     let rec = Recorder::start();
     let o = rec.relay_once(&env);
