@@ -4,10 +4,7 @@
 //! A [`Group`] is a child process in a process group of its own, so that a stop reaches
 //! everything it started:
 //!
-//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
-//!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
-//!   current-thread runtime), never from a pooled thread that could retire mid-run.
-//! * with [`Options::watchdog`], a `Watchdog` process kills the whole group if leasectl
+//! * with [`Options::watchdog`], a [`Watchdog`] process kills the whole group if leasectl
 //!   vanishes (even `kill -9`, even a SIGKILL to leasectl's whole process group), which also
 //!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is forked
 //!   *first* and leads the process group the child then joins, so there is no moment in which
@@ -15,13 +12,18 @@
 //!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
 //!   kill the watchdog. A panic never stands it down: the unwinding closes its pipe without
 //!   the stand-down byte, which the watchdog takes as "leasectl is gone".
+//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
+//!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
+//!   current-thread runtime), never from a pooled thread that could retire mid-run. It is what
+//!   still stops the command when something kills leasectl and its watchdog together (`pkill -9
+//!   leasectl` matches both names). It needs code between fork and exec, so the command is
+//!   started with a `fork` (not `posix_spawn`'s cheaper `vfork`).
 //! * stopping is "signal, wait until a deadline, SIGKILL" ([`Group::stop`]); what the child
 //!   left behind in its group is found in `/proc`, zombies not counted ([`Group::has_leftovers`]).
 //! * dropping a group whose child has not been reaped SIGKILLs the group: a supervisor that
 //!   gives up on a child (a cancelled delivery, an error) never leaves it running.
 
 use std::io::{self, IsTerminal};
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -30,10 +32,12 @@ use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::time::Instant;
 
+use super::Watchdog;
+
 /// How a [`Group`] is set up around its command.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
-    /// Fork a `Watchdog` that kills the group if leasectl dies (see the module docs).
+    /// A [`Watchdog`] kills the group if leasectl dies (see the module docs).
     pub watchdog: bool,
     /// When stdin is leasectl's terminal and leasectl is in its foreground, hand the terminal
     /// to the command's group for the command's lifetime (interactive commands can read it).
@@ -54,11 +58,21 @@ pub struct Group {
 
 impl Group {
     /// Spawns `cmd` (its arguments, environment and stdio already set) in a new process group.
-    pub fn spawn(mut cmd: Command, opts: Options) -> io::Result<Group> {
+    pub fn spawn(cmd: Command, opts: Options) -> io::Result<Group> {
+        Group::spawn_guarded(cmd, opts, None)
+    }
+
+    /// [`Group::spawn`], with a watchdog armed ahead ([`Watchdog::arm`]) to guard the group if
+    /// `opts` asks for one — unless it is gone meanwhile: then one is forked now.
+    pub fn spawn_guarded(
+        mut cmd: Command,
+        opts: Options,
+        armed: Option<Watchdog>,
+    ) -> io::Result<Group> {
         cmd.kill_on_drop(false);
         // The watchdog leads the group; without one the child leads its own.
         let watchdog = if opts.watchdog {
-            match Watchdog::arm() {
+            match armed.filter(Watchdog::alive).map_or_else(Watchdog::arm, Ok) {
                 Ok(w) => Some(w),
                 Err(e) => {
                     crate::warn!(
@@ -76,29 +90,7 @@ impl Group {
         } else {
             None
         };
-        let parent = nix::unistd::getpid();
-        let hand_over_tty = terminal.is_some();
-        // SAFETY: between fork and exec only async-signal-safe calls run: prctl, getppid,
-        // signal, tcsetpgrp, getpgrp and _exit are plain system calls; nothing allocates or
-        // takes a lock another thread of leasectl could hold.
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // leasectl may have died between fork and prctl: then nobody would kill us.
-                if nix::unistd::getppid() != parent {
-                    libc::_exit(1);
-                }
-                if hand_over_tty {
-                    // Interactive use: make our new group the terminal's foreground group so the
-                    // command can read the terminal (a background group reading it is stopped
-                    // by SIGTTIN). SIGTTOU must be ignored to do this from a background group.
-                    libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
-                    libc::signal(libc::SIGTTOU, libc::SIG_DFL);
-                }
-                Ok(())
-            });
-        }
+        set_up_in_child(&mut cmd, terminal.is_some());
         let child = cmd.spawn()?;
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = watchdog
@@ -226,6 +218,33 @@ impl Group {
     }
 }
 
+/// What the child does between fork and exec: `PR_SET_PDEATHSIG`, and with `hand_over_tty` the
+/// terminal's foreground group.
+fn set_up_in_child(cmd: &mut Command, hand_over_tty: bool) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: between fork and exec only async-signal-safe calls run: prctl, getppid,
+    // signal, tcsetpgrp, getpgrp and _exit are plain system calls; nothing allocates or
+    // takes a lock another thread of leasectl could hold.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // leasectl may have died between fork and prctl: then nobody would kill us.
+            if nix::unistd::getppid() != parent {
+                libc::_exit(1);
+            }
+            if hand_over_tty {
+                // Interactive use: make our new group the terminal's foreground group so the
+                // command can read the terminal (a background group reading it is stopped
+                // by SIGTTIN). SIGTTOU must be ignored to do this from a background group.
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+                libc::signal(libc::SIGTTOU, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A group whose child was never reaped is killed: whoever dropped it gave up on it. With a
 /// watchdog, the group is SIGKILLed in any case — at the end of a run nothing in it may live
 /// on (the watchdog itself goes too; it has nothing left to guard), and one signal is cheaper
@@ -286,185 +305,10 @@ fn group_has_live_members(pgid: Pid, except: Option<Pid>) -> bool {
 
 /// The fields of a `/proc/PID/stat` line after `(comm)`, from field 3 (the state) on. `comm`
 /// may contain anything, spaces and parentheses included, so the split is after its last ')'.
-fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
+pub(super) fn stat_fields(stat: &str) -> std::str::SplitWhitespace<'_> {
     stat.rsplit_once(')')
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
-}
-
-/// A forked process that creates the child's process group and SIGKILLs that group when
-/// leasectl dies.
-///
-/// It is forked before the command and leads a new process group, which the command then
-/// joins, so the command is never unguarded. It *stays* in that group, out of leasectl's own:
-/// `kill -9 -- -$(leasectl's pgid)`, `timeout -s KILL`, a CI runner cancelling a step all
-/// signal leasectl's group, and must not take the watchdog with them. It ignores the signals
-/// a terminal or a supervisor sends to a group (INT, TERM, HUP, QUIT, TSTP, PIPE), so the only
-/// things that end it are its pipe (below), SIGKILL (which leasectl sends the group only to
-/// kill everything in it) and a cgroup kill.
-///
-/// It blocks reading a pipe whose only write end leasectl holds: end of file means leasectl
-/// is gone (however it died, panics included) and the group is killed; a byte means "stand
-/// down". Between fork and `_exit` it makes only async-signal-safe system calls, so forking
-/// from a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
-/// reused while the watchdog lives, so it never kills a stranger's group.
-struct Watchdog {
-    /// The pipe's only write end; `None` once closed.
-    write: Option<OwnedFd>,
-    pid: Pid,
-}
-
-/// The signals the watchdog ignores: those a terminal, `kill -- -PGID` without `-9`, or a
-/// job runner send to stop a process group politely.
-const WATCHDOG_IGNORES: [libc::c_int; 6] = [
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGTSTP,
-    libc::SIGPIPE,
-];
-
-impl Watchdog {
-    fn arm() -> io::Result<Watchdog> {
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let read_fd = read.as_raw_fd();
-        let write_fd = write.as_raw_fd();
-        // Prepared before the fork, so that the child only copies bytes.
-        let title = Title::prepare();
-        // SAFETY: between fork and _exit the child calls only async-signal-safe functions
-        // (getpid, close, open, dup2, the close_range syscall, getrlimit, prctl, signal, read,
-        // kill, _exit) and writes to memory it owns: no allocation, no locks, nothing another
-        // thread of leasectl could hold.
-        match unsafe { libc::fork() } {
-            -1 => Err(io::Error::last_os_error()),
-            0 => unsafe {
-                // No setpgid here: the parent creates the group right after fork, before it
-                // spawns the command; doing it here too would only race with that.
-                let own_pid = libc::getpid();
-                title.apply();
-                libc::close(write_fd);
-                // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
-                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                if null >= 0 {
-                    libc::dup2(null, 0);
-                    libc::dup2(null, 1);
-                    libc::dup2(null, 2);
-                }
-                let keep = if read_fd == 3 {
-                    3
-                } else {
-                    libc::dup2(read_fd, 3)
-                };
-                if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
-                    // Older kernels (< 5.9) or a seccomp filter: close one by one.
-                    let mut lim = libc::rlimit {
-                        rlim_cur: 1024,
-                        rlim_max: 1024,
-                    };
-                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-                    let top = lim.rlim_cur.min(65_536) as libc::c_int;
-                    for fd in 4..top {
-                        libc::close(fd);
-                    }
-                }
-                for sig in WATCHDOG_IGNORES {
-                    libc::signal(sig, libc::SIG_IGN);
-                }
-                let mut byte = 0u8;
-                loop {
-                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
-                    if n < 0 && *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    if n != 1 {
-                        // Kills the command's whole group, the watchdog included.
-                        libc::kill(-own_pid, libc::SIGKILL);
-                    }
-                    libc::_exit(0);
-                }
-            },
-            pid => {
-                drop(read);
-                // The group exists before the command is spawned into it, whether or not the
-                // watchdog has run yet.
-                nix::unistd::setpgid(Pid::from_raw(pid), Pid::from_raw(pid))?;
-                Ok(Watchdog {
-                    write: Some(write),
-                    pid: Pid::from_raw(pid),
-                })
-            }
-        }
-    }
-}
-
-/// The watchdog's own name, so that `pgrep -f 'leasectl run …'`, `pidof leasectl` and `ps`
-/// find the supervisor, not the watchdog (which ignores SIGTERM: an operator's `kill` must
-/// reach leasectl, which forwards it). Its `comm` becomes `leasectl-watch`, and its command
-/// line, the fork's copy of leasectl's argv, is overwritten in place.
-struct Title {
-    /// leasectl's argv strings in memory (`arg_start..arg_end` of /proc/self/stat).
-    area: Option<(usize, usize)>,
-    text: Vec<u8>,
-}
-
-impl Title {
-    fn prepare() -> Title {
-        // One read into a buffer that fits any stat line (a few hundred bytes), where
-        // read_to_string probes with small reads, each making the kernel format the line again.
-        let mut buf = [0u8; 4096];
-        let stat = std::fs::File::open("/proc/self/stat")
-            .and_then(|mut f| std::io::Read::read(&mut f, &mut buf))
-            .ok()
-            .and_then(|n| std::str::from_utf8(&buf[..n]).ok());
-        let area = stat.and_then(|stat| {
-            // state is field 3, arg_start 48 and arg_end 49.
-            let mut rest = stat_fields(stat).skip(45);
-            let start: usize = rest.next()?.parse().ok()?;
-            let end: usize = rest.next()?.parse().ok()?;
-            (end > start).then_some((start, end - start))
-        });
-        let text = format!(
-            "leasectl-watch (kills the command's group if leasectl pid {} dies)",
-            std::process::id()
-        );
-        Title {
-            area,
-            text: text.into_bytes(),
-        }
-    }
-
-    /// In the forked watchdog only: renames it. Plain memory writes and one prctl.
-    unsafe fn apply(&self) {
-        libc::prctl(
-            libc::PR_SET_NAME,
-            c"leasectl-watch".as_ptr() as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
-        if let Some((start, len)) = self.area {
-            let area = start as *mut u8;
-            let n = self.text.len().min(len - 1);
-            std::ptr::copy_nonoverlapping(self.text.as_ptr(), area, n);
-            std::ptr::write_bytes(area.add(n), 0, len - n);
-        }
-    }
-}
-
-/// Dropping the watchdog (the run is over, or the spawn failed) tells it to exit without
-/// killing, and reaps it — except while panicking: then leasectl's state is unknown, so the
-/// pipe just closes and the watchdog kills the group.
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(write) = self.write.take() {
-            if !std::thread::panicking() {
-                let _ = nix::unistd::write(&write, b"x");
-            }
-            // Closed here, before the reap: while panicking, this end of file is the signal.
-        }
-        let _ = nix::sys::wait::waitpid(self.pid, None);
-    }
 }
 
 /// The terminal handed to an interactive child, given back when it is done.
@@ -561,5 +405,78 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "still has leftovers");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    const GUARDED: Options = Options {
+        watchdog: true,
+        terminal: false,
+    };
+
+    /// A program without a `#!` line runs with /bin/sh, as a shell runs it (`execvp` does that;
+    /// `posix_spawn`, were it used, would refuse it with ENOEXEC).
+    #[tokio::test]
+    async fn a_program_without_an_interpreter_line_runs_with_sh() {
+        let dir = tempfile::tempdir().unwrap();
+        let (script, out) = (dir.path().join("plain"), dir.path().join("out"));
+        std::fs::write(&script, format!("echo ran > '{}'\n", out.display())).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let mut group = Group::spawn(Command::new(&script), GUARDED).unwrap();
+        assert!(group.wait().await.success());
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\n");
+    }
+
+    /// A watchdog armed ahead leads the command's group: no second one is forked.
+    #[tokio::test]
+    async fn a_watchdog_armed_ahead_guards_the_group() {
+        let armed = Watchdog::arm().unwrap();
+        let pid = armed.pid;
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg("test \"$(ps -o pgid= -p $$ | tr -d ' ')\" = \"$1\"");
+        cmd.arg("sh").arg(pid.to_string());
+        let mut group = Group::spawn_guarded(cmd, GUARDED, Some(armed)).unwrap();
+        assert_eq!(group.pgid, pid);
+        assert_eq!(group.watchdog.as_ref().map(|w| w.pid), Some(pid));
+        assert!(
+            group.wait().await.success(),
+            "the command is not in the watchdog's group"
+        );
+    }
+
+    /// One armed ahead that was killed meanwhile cannot lead a group any more: the spawn forks
+    /// another, and the command runs guarded all the same.
+    #[tokio::test]
+    async fn a_watchdog_armed_ahead_that_died_is_replaced() {
+        let armed = Watchdog::arm().unwrap();
+        let dead = armed.pid;
+        nix::sys::signal::kill(dead, Signal::SIGKILL).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state(dead).as_deref() != Some("Z") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still {:?}",
+                state(dead)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut group = Group::spawn_guarded(Command::new("true"), GUARDED, Some(armed)).unwrap();
+        assert!(group.wait().await.success());
+        let fresh = group.watchdog.as_ref().unwrap().pid;
+        assert_ne!(fresh, dead);
+        assert_eq!(group.pgid, fresh);
+        assert_eq!(state(dead), None, "the dead one is reaped");
+    }
+
+    /// One armed ahead for a command that is never started (a busy lease) stands down when
+    /// dropped, and is reaped then, not left to whoever adopts it.
+    #[test]
+    fn a_watchdog_never_used_is_stood_down_and_reaped() {
+        let armed = Watchdog::arm().unwrap();
+        let pid = armed.pid;
+        assert!(armed.alive());
+        assert!(matches!(state(pid).as_deref(), Some(s) if s != "Z"));
+        drop(armed);
+        assert_eq!(state(pid), None);
     }
 }

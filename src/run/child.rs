@@ -8,7 +8,7 @@ use std::process::{ExitStatus, Stdio};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
-use crate::process::{Capture, Group, OnEchoError, Options, Pump};
+use crate::process::{Capture, Group, OnEchoError, Options, Pump, Watchdog};
 
 /// Why the command could not be started.
 #[derive(Debug)]
@@ -23,6 +23,8 @@ pub struct Spec<'a> {
     pub env: Vec<(&'static str, String)>,
     pub echo: bool,
     pub capture_limit: usize,
+    /// Armed ahead to guard the command's group ([`Group::spawn_guarded`]).
+    pub watchdog: Option<Watchdog>,
 }
 
 /// The running command and the tasks pumping its output.
@@ -48,7 +50,8 @@ impl Child {
             watchdog: true,
             terminal: true,
         };
-        let mut group = Group::spawn(cmd, opts).map_err(|e| spawn_error(program, &e))?;
+        let mut group =
+            Group::spawn_guarded(cmd, opts, spec.watchdog).map_err(|e| spawn_error(program, &e))?;
         let out = group.child_mut().stdout.take().expect("stdout is piped");
         let err = group.child_mut().stderr.take().expect("stderr is piped");
         let limit = spec.capture_limit;

@@ -45,11 +45,12 @@ use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
 use crate::model::slot::Slot;
+use crate::process::Watchdog;
 use crate::store::leases::{self, DbClock, Lease};
 use crate::store::runs::{self, Outcome, RunRecord};
 use heartbeat::Heartbeat;
 use prepare::{keep_place, prepare, start, too_late, Prepared, Started, RELEASE_QUICKLY};
-use supervise::execute;
+use supervise::{execute, Launch};
 use wait::{obtain, Obtained, Resume};
 
 /// How long one statement may go unanswered before the database counts as unavailable (the
@@ -122,8 +123,18 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
 
     // A waiter whose lease could not be started in time keeps its place in the queue.
     let mut resume = Resume::default();
+    let mut arm = arms_ahead(&cfg);
+    let mut watchdog = None;
     loop {
-        let granted = match obtain(&mut db, &cfg, &me, &mut signals, (give_up_at, resume)).await? {
+        let attempt = obtain(&mut db, &cfg, &me, &mut signals, (give_up_at, resume));
+        let obtained = if std::mem::take(&mut arm) {
+            let (obtained, armed) = tokio::join!(attempt, arm_behind());
+            watchdog = armed;
+            obtained
+        } else {
+            attempt.await
+        };
+        let granted = match obtained? {
             Obtained::Lease(g) => g,
             Obtained::Done(exit) => return Ok(exit),
         };
@@ -159,8 +170,12 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         .await?
         {
             Prepared::Spawn(slot) => {
-                let at = (acquired_at, slot);
-                return execute(&mut db, &cfg, &me, lease, hb, at, &mut signals).await;
+                let launch = Launch {
+                    acquired_at,
+                    slot,
+                    watchdog: watchdog.take(),
+                };
+                return execute(&mut db, &cfg, &me, lease, hb, launch, &mut signals).await;
             }
             Prepared::Done(exit) => return Ok(exit),
             // A waiter waits on: the database (or leasectl) was slow, the lease is not gone
@@ -176,6 +191,25 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             }
         }
     }
+}
+
+/// Whether the command's watchdog is forked while the first acquisition is answered
+/// ([`arm_behind`]) rather than when the command starts: for the run that expects to start its
+/// command at once. A caller that may wait (`--wait`) or reuse another run's result
+/// (`--reuse-within`) forks it when it starts its command, as a step (`--token`) does.
+fn arms_ahead(cfg: &RunConfig) -> bool {
+    cfg.wait.is_none() && cfg.reuse_within.is_none() && cfg.token.is_none()
+}
+
+/// Forks the command's watchdog once the acquisition's requests are on their way: leasectl
+/// would only wait for the server meanwhile, and it is still small, so the fork copies little
+/// and leasectl copies few pages on write while the watchdog lives (see [`Watchdog`]). If the
+/// lease is busy, the watchdog is stood down unused. `None` (the spawn forks one) if the fork
+/// fails.
+async fn arm_behind() -> Option<Watchdog> {
+    // Polled after the acquisition: the yield lets the connection's task write its requests.
+    tokio::task::yield_now().await;
+    Watchdog::arm().ok()
 }
 
 /// A run of this caller with no output, error or events yet; `times` are its start and end on

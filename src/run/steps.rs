@@ -21,8 +21,8 @@ use uuid::Uuid;
 use super::heartbeat::Heartbeat;
 use super::wait::{obtain, Obtained, Resume};
 use super::{
-    bounded, execute, prepare, release_within, replace, start, too_late, Me, Prepared, Started,
-    STATEMENT_DEADLINE,
+    bounded, execute, prepare, release_within, replace, start, too_late, Launch, Me, Prepared,
+    Started, STATEMENT_DEADLINE,
 };
 use crate::cli::{AcquireArgs, AcquireFormat, DbArgs};
 use crate::config::RunConfig;
@@ -273,7 +273,14 @@ pub(super) async fn step(
     )
     .await?
     {
-        Prepared::Spawn(slot) => execute(db, &cfg, me, &lease, hb, (sent, slot), signals).await,
+        Prepared::Spawn(slot) => {
+            let launch = Launch {
+                acquired_at: sent,
+                slot,
+                watchdog: None,
+            };
+            execute(db, &cfg, me, &lease, hb, launch, signals).await
+        }
         Prepared::Done(exit) => Ok(exit),
         Prepared::TooLate { why, silent_db } => too_late(why, silent_db),
     }

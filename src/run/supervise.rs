@@ -19,7 +19,7 @@ use crate::db::Db;
 use crate::exit::{ChildStatus, Exit};
 use crate::model::slot::Slot;
 use crate::model::time::deadline;
-use crate::process::Capture;
+use crate::process::{Capture, Watchdog};
 use crate::signals::Signals;
 use crate::store::leases::{DbClock, Lease};
 use crate::store::runs::{self, Outcome, RunRecord};
@@ -33,15 +33,30 @@ struct Ended {
     lost: Option<String>,
 }
 
+/// What a command is started with besides its lease.
+pub(super) struct Launch {
+    /// When the acquisition was sent: the run's clock counts from it.
+    pub(super) acquired_at: Instant,
+    /// The `--slot` the command runs for.
+    pub(super) slot: Option<Slot>,
+    /// A watchdog armed ahead (see `super::arm_behind`); one is forked at the spawn otherwise.
+    pub(super) watchdog: Option<Watchdog>,
+}
+
 pub(super) async fn execute(
     db: &mut Db,
     cfg: &RunConfig,
     me: &Me,
     lease: &Lease,
     mut hb: Heartbeat<'_>,
-    (acquired_at, slot): (Instant, Option<Slot>),
+    launch: Launch,
     signals: &mut Signals,
 ) -> Result<Exit> {
+    let Launch {
+        acquired_at,
+        slot,
+        watchdog,
+    } = launch;
     let clock = DbClock {
         db_time: lease.granted_at,
         local: acquired_at,
@@ -79,6 +94,7 @@ pub(super) async fn execute(
         env,
         echo: !cfg.quiet,
         capture_limit: cfg.capture_limit,
+        watchdog,
     };
     let record = |outcome, status, finished: Instant| {
         let times = (clock.at(started), clock.at(finished));

@@ -687,6 +687,66 @@ fn pgrep_for_the_run_finds_leasectl_not_its_watchdog() {
 }
 
 #[test]
+fn the_command_dies_when_leasectl_and_its_watchdog_are_killed_together() {
+    // `pkill -9 leasectl` matches the watchdog's name too: with the watchdog gone first, only
+    // the command's own PR_SET_PDEATHSIG still stops it when leasectl dies.
+    let env = Env::new();
+    let child_pid = env.path("child");
+    let script = format!("echo $$ > '{}'; exec sleep 300", child_pid.display());
+    let holder = env.spawn(&["run", "--target", "both", "--", "sh", "-c", &script]);
+    let child: i32 = wait_for_file(&child_pid).parse().unwrap();
+    let watch = pids_with_cmdline(&format!("leasectl pid {} dies", holder.id()));
+    assert_eq!(watch.len(), 1, "{watch:?}");
+    kill(watch[0] as u32, libc::SIGKILL);
+    wait_for("the watchdog to die", || !alive(watch[0]));
+    assert!(alive(child), "the command died with its watchdog alone");
+    kill(holder.id(), libc::SIGKILL);
+    finish(holder);
+    wait_for("the command to die with leasectl", || !alive(child));
+}
+
+#[test]
+fn a_busy_answer_stands_its_watchdog_down_and_reaps_it() {
+    // The plain run forks its command's watchdog while the acquisition is answered; when the
+    // lease is busy, that watchdog must neither outlive leasectl nor be left for an init that
+    // may never reap it.
+    // Orphans of this test's processes are adopted by this process, where they can be seen.
+    // SAFETY: a plain prctl(2) on this process.
+    assert_eq!(
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) },
+        0
+    );
+    let env = Env::new();
+    let holder = env.hold("busy-watch", &env.gate());
+    let mut busy = env
+        .command()
+        .args(["run", "--target", "busy-watch", "--", "true"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = busy.id();
+    assert_eq!(busy.wait().unwrap().code(), Some(75));
+    assert_eq!(
+        pids_with_cmdline(&format!("leasectl pid {pid} dies")),
+        Vec::<i32>::new(),
+        "the busy caller's watchdog is still there"
+    );
+    let me = std::process::id().to_string();
+    let adopted: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let (comm, rest) = stat.rsplit_once(')').unwrap_or_default();
+            comm.ends_with("(leasectl-watch") && rest.split_whitespace().nth(1) == Some(&me)
+        })
+        .collect();
+    assert!(adopted.is_empty(), "left for its adopter: {adopted:?}");
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+}
+
+#[test]
 fn an_acquire_given_up_on_that_commits_later_is_the_waiters_own_lease_not_a_ghost() {
     // The acquiring statement stalls past the client's 10 s statement deadline: the waiter gives
     // up on it and tries again, but the stalled statement still commits and takes the lease.
