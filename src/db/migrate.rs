@@ -92,6 +92,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "lease_slot",
         sql: include_str!("../../migrations/0012_lease_slot.sql"),
     },
+    Migration {
+        version: 13,
+        name: "lease_hot",
+        sql: include_str!("../../migrations/0013_lease_hot.sql"),
+    },
 ];
 
 /// The newest schema version this binary knows.
@@ -215,7 +220,7 @@ pub fn begin_if_current(schema: &Schema) -> String {
 const MARKER_PREFIX: &str = "leasectl_ledger_";
 
 /// The name of the type that marks a schema whose ledger is exactly this binary's: every
-/// migration applied, each with this binary's checksum. `leasectl_ledger_v12_` and the first 12
+/// migration applied, each with this binary's checksum. `leasectl_ledger_v13_` and the first 12
 /// bytes (hex) of the SHA-384 of the migrations' checksums in order, so a build whose migrations
 /// differ in any byte looks for another name.
 ///
@@ -379,7 +384,7 @@ pub struct LedgerState {
     pub newest: i32,
     /// Applied migrations whose text differs from this binary's (`0003_cron`).
     pub mismatched: Vec<String>,
-    /// Migrations of this binary not yet applied (`0012_lease_slot`).
+    /// Migrations of this binary not yet applied (`0013_lease_hot`).
     pub pending: Vec<String>,
     /// Applied versions recorded without a checksum (a ledger from before checksums): the next
     /// `migrate` records them.
