@@ -349,6 +349,19 @@ mod tests {
         stat_fields(&stat).next().map(str::to_owned)
     }
 
+    /// Waits (10 s at most) until `pid` has exited and is not yet reaped.
+    fn wait_until_zombie(pid: Pid, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while state(pid).as_deref() != Some("Z") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} is still {:?}",
+                state(pid)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     #[tokio::test]
     async fn end_now_kills_the_watchdog_and_the_drop_reaps_it() {
         let opts = Options {
@@ -361,15 +374,7 @@ mod tests {
         assert!(!group.has_leftovers());
         group.end_now();
         // Killed, not yet reaped: a zombie until the drop.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while state(watchdog).as_deref() != Some("Z") {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the watchdog is still {:?} after end_now",
-                state(watchdog)
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_zombie(watchdog, "the watchdog after end_now");
         drop(group);
         assert_eq!(state(watchdog), None, "the drop reaps the watchdog");
     }
@@ -451,15 +456,7 @@ mod tests {
         let armed = Watchdog::arm().unwrap();
         let dead = armed.pid;
         nix::sys::signal::kill(dead, Signal::SIGKILL).unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while state(dead).as_deref() != Some("Z") {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "still {:?}",
-                state(dead)
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_until_zombie(dead, "the killed watchdog");
         let mut group = Group::spawn_guarded(Command::new("true"), GUARDED, Some(armed)).unwrap();
         assert!(group.wait().await.success());
         let fresh = group.watchdog.as_ref().unwrap().pid;
