@@ -188,7 +188,8 @@ fn release_victim(r: &mut Round, v: usize, gate: &std::path::Path, patience: f64
 /// A holder and one waiter; the fault hits the holder at a random moment of its command. In
 /// some rounds the holder's lease is 3 × TTL (the exit bounds hold for any TTL), and the
 /// waiter's `--wait` is a short DUR whose bound is checked: it joins the queue before the fault,
-/// so a silence meets it on an established connection.
+/// so a silence meets it on an established connection. In half the rounds a caller without
+/// `--wait` comes as the fault strikes.
 fn plain(r: &mut Round) {
     let fault = r.fault;
     let ttl = if r.rng().random_bool(0.3) {
@@ -236,6 +237,14 @@ fn plain(r: &mut Round) {
     };
     r.pause(delay);
     r.inject(a);
+    // A caller without `--wait`, arriving as the fault strikes: it forks its command's watchdog
+    // while its first acquisition is answered (or goes unanswered), and the busy answer, a
+    // database that stopped answering or a lease it did get must all leave no watchdog behind.
+    if r.rng().random_bool(0.5) {
+        let child = short(r, 50, 250);
+        r.variant.push_str(", a caller without --wait");
+        r.spawn(Spec::run("c", ttl, child));
+    }
 }
 
 /// A long-lived holder (TTL 4 × TTL, grace 2 × TTL, ignoring SIGTERM in most rounds) is taken
