@@ -176,6 +176,16 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
            FROM chaos.lease_log WHERE id > {} AND target = '{t}' ORDER BY id",
         ctx.lease_log_mark
     ));
+    // Each place's row as the rounds before left it, where it was still held: a holder they
+    // killed leaves its lease held until its TTL runs out, and this round may still write to that
+    // version without acquiring it (a waiter's place in the queue is recorded on the row).
+    let left_held = ctx.bench.db.query(&format!(
+        "SELECT place, fence, token FROM (
+             SELECT DISTINCT ON (place) place, fence, token
+               FROM chaos.lease_log WHERE id <= {} AND target = '{t}' ORDER BY place, id DESC) x
+          WHERE token IS NOT NULL",
+        ctx.lease_log_mark
+    ));
     let runs = ctx.bench.db.query(&format!(
         "SELECT id, run_id, fence, token, outcome, pid, lease_fence, lease_token, exit_code, signal,
                 extract(epoch FROM slot)
@@ -385,7 +395,10 @@ pub fn check(ctx: &mut Ctx, o: &Outcome) -> Vec<(Inv, String)> {
     // place: the places of --max-holders take their fences from one counter).
     let mut acquired: HashSet<(i64, String)> = HashSet::new();
     let mut max = prev_max;
-    let mut last: HashMap<i64, (i64, String)> = HashMap::new();
+    let mut last: HashMap<i64, (i64, String)> = left_held
+        .iter()
+        .map(|r| (i64_of(&r[0]), (i64_of(&r[1]), r[2].clone().unwrap())))
+        .collect();
     for r in leases.iter().filter(|r| r[2].is_some()) {
         let (place, fence, token) = (i64_of(&r[1]), i64_of(&r[3]), r[2].clone().unwrap());
         let prev = last.get(&place);
