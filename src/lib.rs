@@ -39,6 +39,7 @@ pub mod error;
 pub mod exit;
 pub mod fmt;
 pub mod health;
+pub mod heap;
 #[macro_use]
 pub mod log;
 pub mod model;

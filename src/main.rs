@@ -43,7 +43,7 @@ fn main() -> ExitCode {
         leasectl::say!("internal error: {}{at}, please report", one_line(&what));
     }));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(leasectl::cmd::dispatch(cli))
+        runtime.block_on(leasectl::heap::on_heap(|| leasectl::cmd::dispatch(cli)))
     }));
     let exit = match outcome {
         Ok(Ok(exit)) => exit,

@@ -24,30 +24,34 @@ pub use crate::db::deadline::{extend_deadline, statement_timeout};
 use crate::db::migrate::grants;
 use crate::db::{Db, Schema};
 use crate::exit::Exit;
+use crate::heap::{on_heap, OnHeap};
 pub use crate::out::{print, print_json};
 
 /// Runs the parsed command line.
 pub async fn dispatch(cli: Cli) -> Result<Exit> {
     let db = &cli.db;
-    let outcome = match cli.command {
+    // Each command's future is built on the heap: together in this frame they would make it
+    // as big as the biggest of them, whichever command runs (see `crate::heap`).
+    let command: OnHeap<Result<Exit>> = match cli.command {
         // These two watch the database with deadlines of their own.
-        Command::Run(a) => run::run(db, *a).await,
-        Command::Acquire(a) => crate::run::acquire(db, a).await,
-        Command::Renew(a) => one_shot(renew::run(db, a)).await,
-        Command::Relay(a) => relay::run(db, a).await,
-        Command::Status(a) => one_shot(status::run(db, a)).await,
-        Command::Runs(a) => one_shot(runs::run(db, a)).await,
-        Command::Output(a) => one_shot(output::run(db, a)).await,
-        Command::Release(a) => one_shot(release::run(db, a)).await,
-        Command::Expect(a) => one_shot(expect::run(db, a)).await,
-        Command::Check(a) => one_shot(check::run(db, a)).await,
-        Command::Outbox(a) => one_shot(outbox::run(db, a)).await,
-        Command::Prune(a) => one_shot(prune::run(db, a)).await,
-        Command::Migrate(a) => one_shot(migrate::run(db, a)).await,
-        Command::Doctor(a) => one_shot(doctor::run(db, a)).await,
-        Command::Emit(a) => emit::run(a),
-        Command::Completions(a) => completions::run(a),
+        Command::Run(a) => on_heap(|| run::run(db, *a)),
+        Command::Acquire(a) => on_heap(|| crate::run::acquire(db, a)),
+        Command::Renew(a) => on_heap(|| one_shot(renew::run(db, a))),
+        Command::Relay(a) => on_heap(|| relay::run(db, a)),
+        Command::Status(a) => on_heap(|| one_shot(status::run(db, a))),
+        Command::Runs(a) => on_heap(|| one_shot(runs::run(db, a))),
+        Command::Output(a) => on_heap(|| one_shot(output::run(db, a))),
+        Command::Release(a) => on_heap(|| one_shot(release::run(db, a))),
+        Command::Expect(a) => on_heap(|| one_shot(expect::run(db, a))),
+        Command::Check(a) => on_heap(|| one_shot(check::run(db, a))),
+        Command::Outbox(a) => on_heap(|| one_shot(outbox::run(db, a))),
+        Command::Prune(a) => on_heap(|| one_shot(prune::run(db, a))),
+        Command::Migrate(a) => on_heap(|| one_shot(migrate::run(db, a))),
+        Command::Doctor(a) => on_heap(|| one_shot(doctor::run(db, a))),
+        Command::Emit(a) => Box::pin(std::future::ready(emit::run(a))),
+        Command::Completions(a) => Box::pin(std::future::ready(completions::run(a))),
     };
+    let outcome = command.await;
     // The one place a "permission denied" becomes a line naming the privilege (exit 77).
     match outcome {
         Err(e) => {

@@ -44,6 +44,7 @@ use crate::cli::{DbArgs, RunArgs};
 use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{ChildStatus, Exit, Failure};
+use crate::heap::on_heap;
 use crate::model::slot::Slot;
 use crate::process::Watchdog;
 use crate::store::leases::{self, DbClock, Lease};
@@ -91,7 +92,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         mut signals,
         mut db,
         give_up_at,
-    } = match start(db_args, &cfg, true).await? {
+    } = match on_heap(|| start(db_args, &cfg, true)).await? {
         Ok(s) => s,
         Err(exit) => return Ok(exit),
     };
@@ -106,7 +107,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
         checked?;
     }
     if let Some(token) = cfg.token {
-        return steps::step(&mut db, cfg, &me, token, &mut signals, give_up_at).await;
+        return on_heap(|| steps::step(&mut db, cfg, &me, token, &mut signals, give_up_at)).await;
     }
 
     if let Some(within) = cfg.reuse_within {
@@ -126,7 +127,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     let mut arm = arms_ahead(&cfg);
     let mut watchdog = None;
     loop {
-        let attempt = obtain(&mut db, &cfg, &me, &mut signals, (give_up_at, resume));
+        let attempt = on_heap(|| obtain(&mut db, &cfg, &me, &mut signals, (give_up_at, resume)));
         let obtained = if std::mem::take(&mut arm) {
             let (obtained, armed) = tokio::join!(attempt, arm_behind());
             watchdog = armed;
@@ -149,7 +150,7 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             hb.watch_releases(granted.listening);
         }
         if let Some(exit) =
-            replace::await_stop(&mut db, &cfg, lease, true, &mut hb, &mut signals).await
+            on_heap(|| replace::await_stop(&mut db, &cfg, lease, true, &mut hb, &mut signals)).await
         {
             return Ok(exit);
         }
@@ -158,24 +159,26 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
             local: acquired_at,
         };
         let timing = (granted.sent, granted.answered);
-        match prepare(
-            &mut db,
-            &cfg,
-            &me,
-            lease,
-            &mut hb,
-            (clock, timing),
-            &mut signals,
-        )
-        .await?
-        {
+        let prepared = on_heap(|| {
+            prepare(
+                &mut db,
+                &cfg,
+                &me,
+                lease,
+                &mut hb,
+                (clock, timing),
+                &mut signals,
+            )
+        });
+        match prepared.await? {
             Prepared::Spawn(slot) => {
                 let launch = Launch {
                     acquired_at,
                     slot,
                     watchdog: watchdog.take(),
                 };
-                return execute(&mut db, &cfg, &me, lease, hb, launch, &mut signals).await;
+                return on_heap(|| execute(&mut db, &cfg, &me, lease, hb, launch, &mut signals))
+                    .await;
             }
             Prepared::Done(exit) => return Ok(exit),
             // A waiter waits on: the database (or leasectl) was slow, the lease is not gone

@@ -18,6 +18,7 @@ use crate::cli::DbArgs;
 use crate::config::RunConfig;
 use crate::db::Db;
 use crate::exit::{Exit, Failure};
+use crate::heap::on_heap;
 use crate::model::flags::Wait;
 use crate::model::slot::Slot;
 use crate::model::time::deadline;
@@ -49,7 +50,7 @@ pub(super) async fn start(
         _ => None,
     };
     let db = tokio::select! {
-        db = connect(db_args, cfg, give_up_at, unchecked) => match db? {
+        db = on_heap(|| connect(db_args, cfg, give_up_at, unchecked)) => match db? {
             Some(db) => db,
             None => return Ok(Err(Exit::Busy(cfg.busy_exit_code))),
         },

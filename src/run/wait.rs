@@ -21,6 +21,7 @@ use crate::config::RunConfig;
 use crate::db::first::First;
 use crate::db::{self, Db};
 use crate::exit::{ChildStatus, Exit};
+use crate::heap::on_heap;
 use crate::model::flags::Wait;
 use crate::signals::Signals;
 use crate::store::leases::{self, Acquired, Contender, Lease};
@@ -144,7 +145,8 @@ pub(super) async fn obtain(
     };
     let mut first = true;
     let result = loop {
-        let attempt = bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me));
+        let attempt =
+            on_heap(|| bounded(Instant::now() + STATEMENT_DEADLINE, w.attempt(db, cfg, me)));
         // Any --wait tries at least once, however short or already spent.
         let limit = match give_up_at {
             Some(g) if first => Some(g.max(Instant::now() + FIRST_TRY)),
@@ -233,7 +235,7 @@ pub(super) async fn obtain(
             break Ok(w.interrupted(why, cfg));
         }
         if w.outage.is_some() {
-            let reconnect = timeout(STATEMENT_DEADLINE, db.reconnect());
+            let reconnect = on_heap(|| timeout(STATEMENT_DEADLINE, db.reconnect()));
             match interruptible(reconnect, signals, give_up_at).await {
                 Ok(Ok(Ok(()))) => {}
                 Ok(Ok(Err(e))) => {

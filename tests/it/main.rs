@@ -23,6 +23,7 @@ mod examples;
 mod failover;
 mod faults;
 mod flights;
+mod footprint;
 mod harness;
 mod health;
 mod inspect;
