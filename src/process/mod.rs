@@ -1,9 +1,10 @@
 //! Child processes: one supervisor for every process leasectl starts ([`group`]), the watchdog
-//! that kills a command's group if leasectl dies ([`Watchdog`]) and the capture of their output
-//! ([`capture`]).
+//! that kills a command's group if leasectl dies ([`Watchdog`]), the capture of their output
+//! ([`capture`]) and the lookup of a command in `PATH` before the fork ([`path`]).
 
 pub mod capture;
 pub mod group;
+pub mod path;
 mod watchdog;
 
 pub use capture::{Capture, OnEchoError, Pump};

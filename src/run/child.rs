@@ -40,8 +40,11 @@ impl Child {
             .argv
             .split_first()
             .expect("RunConfig guarantees a command");
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
+        // Looked up here rather than by execvp in the child (see `process::path`); the
+        // command still sees the name it was given as its argv[0].
+        let mut cmd = tokio::process::Command::new(crate::process::path::resolved(program));
+        cmd.arg0(program)
+            .args(args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::inherit())
             .stdout(Stdio::piped())
