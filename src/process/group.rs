@@ -32,7 +32,7 @@ use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use super::Watchdog;
+use super::{resume, Watchdog};
 
 /// How a [`Group`] is set up around its command.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,6 +42,20 @@ pub struct Options {
     /// When stdin is leasectl's terminal and leasectl is in its foreground, hand the terminal
     /// to the command's group for the command's lifetime (interactive commands can read it).
     pub terminal: bool,
+    /// Tests only: the child stops itself once it has left leasectl's process group, as a stop
+    /// signal sent to that group just before can make it do (see `resume`).
+    #[cfg(test)]
+    pub stop_in_its_group: bool,
+}
+
+impl Options {
+    /// [`Options::stop_in_its_group`]; never in leasectl itself.
+    fn stops_in_its_group(&self) -> bool {
+        #[cfg(test)]
+        return self.stop_in_its_group;
+        #[cfg(not(test))]
+        false
+    }
 }
 
 /// A child process leading (or, with a watchdog, in) a process group of its own.
@@ -84,14 +98,18 @@ impl Group {
         } else {
             None
         };
-        cmd.process_group(watchdog.as_ref().map_or(0, |w| w.pid.as_raw()));
         let terminal = if opts.terminal {
             Terminal::foreground()
         } else {
             None
         };
-        set_up_in_child(&mut cmd, terminal.is_some());
+        // Held until the child has exec'd (see `resume`).
+        let slot = resume::Slot::take();
+        let group = watchdog.as_ref().map_or(0, |w| w.pid.as_raw());
+        let stop = opts.stops_in_its_group();
+        set_up_in_child(&mut cmd, group, terminal.is_some(), slot.cell(), stop);
         let child = cmd.spawn()?;
+        drop(slot);
         let pid = child.id().expect("a just-spawned child has a pid");
         let pgid = watchdog
             .as_ref()
@@ -218,15 +236,29 @@ impl Group {
     }
 }
 
-/// What the child does between fork and exec: `PR_SET_PDEATHSIG`, and with `hand_over_tty` the
-/// terminal's foreground group.
-fn set_up_in_child(cmd: &mut Command, hand_over_tty: bool) {
+/// What the child does between fork and exec: name itself in its `resume` slot (`cell`), join
+/// process group `group` (0: a new one it leads), `PR_SET_PDEATHSIG`, and with `hand_over_tty`
+/// the terminal's foreground group.
+fn set_up_in_child(
+    cmd: &mut Command,
+    group: i32,
+    hand_over_tty: bool,
+    cell: Option<&'static std::sync::atomic::AtomicI32>,
+    stop: bool,
+) {
     let parent = nix::unistd::getpid();
-    // SAFETY: between fork and exec only async-signal-safe calls run: prctl, getppid,
-    // signal, tcsetpgrp, getpgrp and _exit are plain system calls; nothing allocates or
-    // takes a lock another thread of leasectl could hold.
+    // SAFETY: between fork and exec only async-signal-safe calls run: signal, getpid, setpgid,
+    // prctl, getppid, tcsetpgrp, getpgrp and _exit are plain system calls, and the slot is an
+    // atomic store; nothing allocates or takes a lock another thread of leasectl could hold.
     unsafe {
         cmd.pre_exec(move || {
+            resume::name_child(cell);
+            if libc::setpgid(0, group) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if stop {
+                libc::raise(libc::SIGSTOP);
+            }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
             // leasectl may have died between fork and prctl: then nobody would kill us.
             if nix::unistd::getppid() != parent {
@@ -364,10 +396,7 @@ mod tests {
 
     #[tokio::test]
     async fn end_now_kills_the_watchdog_and_the_drop_reaps_it() {
-        let opts = Options {
-            watchdog: true,
-            terminal: false,
-        };
+        let opts = GUARDED;
         let mut group = Group::spawn(Command::new("true"), opts).unwrap();
         let watchdog = group.watchdog.as_ref().unwrap().pid;
         assert!(group.wait().await.success());
@@ -383,10 +412,7 @@ mod tests {
     /// check on the last allocated pid notwithstanding; once that process is gone, nothing is.
     #[tokio::test]
     async fn a_process_left_behind_is_found_and_then_not() {
-        let opts = Options {
-            watchdog: true,
-            terminal: false,
-        };
+        let opts = GUARDED;
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("bg");
         let mut cmd = Command::new("sh");
@@ -415,7 +441,41 @@ mod tests {
     const GUARDED: Options = Options {
         watchdog: true,
         terminal: false,
+        stop_in_its_group: false,
     };
+
+    /// A child stopped once it has left leasectl's group (a stop signal to that group reached
+    /// it just before) holds the spawn, which waits for its exec, until leasectl is continued:
+    /// then so is the child, and the spawn returns. Without that, the spawn would wait forever.
+    #[test]
+    fn a_child_stopped_out_of_our_group_is_continued_with_us() {
+        let (spawned, returned) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let opts = Options {
+                    stop_in_its_group: true,
+                    ..Options::default()
+                };
+                let mut group = Group::spawn(Command::new("true"), opts).unwrap();
+                spawned.send(group.pid).unwrap();
+                assert!(group.wait().await.success());
+            });
+        });
+        assert!(
+            returned.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the spawn returned while its child was stopped"
+        );
+        // What a SIGCONT to leasectl's group does for leasectl.
+        nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGCONT).unwrap();
+        let pid = returned
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the spawn still waits for its stopped child");
+        assert!(pid > 0);
+    }
 
     /// A program without a `#!` line runs with /bin/sh, as a shell runs it (`execvp` does that;
     /// `posix_spawn`, were it used, would refuse it with ENOEXEC).

@@ -1,10 +1,12 @@
 //! Child processes: one supervisor for every process leasectl starts ([`group`]), the watchdog
 //! that kills a command's group if leasectl dies ([`Watchdog`]), the capture of their output
-//! ([`capture`]) and the lookup of a command in `PATH` before the fork ([`path`]).
+//! ([`capture`]), the lookup of a command in `PATH` before the fork ([`path`]) and the SIGCONT
+//! that continues a child stopped on its way out of leasectl's process group ([`resume`]).
 
 pub mod capture;
 pub mod group;
 pub mod path;
+mod resume;
 mod watchdog;
 
 pub use capture::{Capture, OnEchoError, Pump};

@@ -52,6 +52,8 @@ impl Child {
         let opts = Options {
             watchdog: true,
             terminal: true,
+            #[cfg(test)]
+            stop_in_its_group: false,
         };
         let mut group =
             Group::spawn_guarded(cmd, opts, spec.watchdog).map_err(|e| spawn_error(program, &e))?;
