@@ -49,7 +49,7 @@ pub struct Options {
 }
 
 impl Options {
-    /// [`Options::stop_in_its_group`]; never in leasectl itself.
+    /// Whether the child stops itself out of leasectl's group: in tests only.
     fn stops_in_its_group(&self) -> bool {
         #[cfg(test)]
         return self.stop_in_its_group;

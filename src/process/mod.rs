@@ -1,7 +1,7 @@
 //! Child processes: one supervisor for every process leasectl starts ([`group`]), the watchdog
 //! that kills a command's group if leasectl dies ([`Watchdog`]), the capture of their output
 //! ([`capture`]), the lookup of a command in `PATH` before the fork ([`path`]) and the SIGCONT
-//! that continues a child stopped on its way out of leasectl's process group ([`resume`]).
+//! that continues a child stopped on its way out of leasectl's process group (`resume`).
 
 pub mod capture;
 pub mod group;
