@@ -20,7 +20,7 @@ const DEFAULT_PATH: &str = "/bin:/usr/bin";
 /// Where `execvp` would find `program` in `path` (the value of `PATH`, or `None` when it is
 /// unset): `None` for a name with a slash (it is used as it is), or when no directory holds an
 /// executable regular file of that name.
-pub fn find_in_path(program: &OsStr, path: Option<&OsStr>) -> Option<PathBuf> {
+fn find_in_path(program: &OsStr, path: Option<&OsStr>) -> Option<PathBuf> {
     if program.is_empty() || program.as_bytes().contains(&b'/') {
         return None;
     }
@@ -44,14 +44,11 @@ fn dirs(path: &OsStr) -> impl Iterator<Item = &Path> {
     })
 }
 
-/// [`find_in_path`] with this process's `PATH`.
-pub fn find(program: &OsStr) -> Option<PathBuf> {
-    find_in_path(program, std::env::var_os("PATH").as_deref())
-}
-
-/// The argument to start `program` with: where [`find`] found it, or the name as given.
+/// The argument to start `program` with: where `find_in_path` found it in this process's
+/// `PATH`, or the name as given.
 pub fn resolved(program: &OsStr) -> OsString {
-    find(program).map_or_else(|| program.to_owned(), PathBuf::into_os_string)
+    find_in_path(program, std::env::var_os("PATH").as_deref())
+        .map_or_else(|| program.to_owned(), PathBuf::into_os_string)
 }
 
 #[cfg(test)]
