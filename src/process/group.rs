@@ -6,7 +6,7 @@
 //!
 //! * with [`Options::watchdog`], a [`Watchdog`] process kills the whole group if leasectl
 //!   vanishes (even `kill -9`, even a SIGKILL to leasectl's whole process group), which also
-//!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is forked
+//!   covers grandchildren such as the commands of a `sh -c` pipeline. The watchdog is started
 //!   *first* and leads the process group the child then joins, so there is no moment in which
 //!   the child runs unguarded; it stays in that group, out of leasectl's, and ignores the
 //!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
@@ -16,8 +16,9 @@
 //!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run. It is what
 //!   still stops the command when something kills leasectl and its watchdog together (`pkill -9
-//!   leasectl` matches both names). It needs code between fork and exec, so the command is
-//!   started with a `fork` (not `posix_spawn`'s cheaper `vfork`).
+//!   leasectl` matches both names). It needs code between the child's start and its exec,
+//!   which `posix_spawn` cannot run, so the child is started by [`super::spawn`]: a
+//!   `clone` that shares leasectl's memory until the exec, where a `fork` would copy it.
 //! * stopping is "signal, wait until a deadline, SIGKILL" ([`Group::stop`]); what the child
 //!   left behind in its group is found in `/proc`, zombies not counted ([`Group::has_leftovers`]).
 //! * dropping a group whose child has not been reaped SIGKILLs the group: a supervisor that
@@ -29,9 +30,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::process::Command;
 use tokio::time::Instant;
 
+use super::spawn::{self, Child, Command};
 use super::{resume, Watchdog};
 
 /// How a [`Group`] is set up around its command.
@@ -60,7 +61,7 @@ impl Options {
 
 /// A child process leading (or, with a watchdog, in) a process group of its own.
 pub struct Group {
-    child: tokio::process::Child,
+    child: Child,
     /// The direct child's pid (see [`Group::has_leftovers`]).
     pid: i32,
     pgid: Pid,
@@ -79,11 +80,10 @@ impl Group {
     /// [`Group::spawn`], with a watchdog armed ahead ([`Watchdog::arm`]) to guard the group if
     /// `opts` asks for one — unless it is gone meanwhile: then one is forked now.
     pub fn spawn_guarded(
-        mut cmd: Command,
+        cmd: Command,
         opts: Options,
         armed: Option<Watchdog>,
     ) -> io::Result<Group> {
-        cmd.kill_on_drop(false);
         // The watchdog leads the group; without one the child leads its own.
         let watchdog = if opts.watchdog {
             match armed.filter(Watchdog::alive).map_or_else(Watchdog::arm, Ok) {
@@ -107,10 +107,10 @@ impl Group {
         let slot = resume::Slot::take();
         let group = watchdog.as_ref().map_or(0, |w| w.pid.as_raw());
         let stop = opts.stops_in_its_group();
-        set_up_in_child(&mut cmd, group, terminal.is_some(), slot.cell(), stop);
-        let child = cmd.spawn()?;
+        let setup = set_up_in_child(group, terminal.is_some(), slot.cell(), stop);
+        let child = spawn::spawn(&cmd, &setup)?;
         drop(slot);
-        let pid = child.id().expect("a just-spawned child has a pid");
+        let pid = child.id();
         let pgid = watchdog
             .as_ref()
             .map_or(Pid::from_raw(pid as i32), |w| w.pid);
@@ -125,7 +125,7 @@ impl Group {
     }
 
     /// The child's stdin, stdout and stderr pipes (those set to `Stdio::piped()`).
-    pub fn child_mut(&mut self) -> &mut tokio::process::Child {
+    pub fn child_mut(&mut self) -> &mut Child {
         &mut self.child
     }
 
@@ -206,7 +206,7 @@ impl Group {
     /// The common case is a command that started nothing, and it costs one small read instead
     /// of a look at every process on the machine: while the pid namespace's last allocated pid
     /// is still the child's, no process (or thread) was created anywhere since the child, so
-    /// the child left nothing in its group: the watchdog was forked before the child, and
+    /// the child left nothing in its group: the watchdog was started before the child, and
     /// whatever the command starts is created after it. (A process from outside the command
     /// could join the group only by its own `setpgid`; it is not the command's leftover — and a
     /// run SIGKILLs its whole group at the end in any case, [`Group::end_now`].)
@@ -236,31 +236,33 @@ impl Group {
     }
 }
 
-/// What the child does between fork and exec: name itself in its `resume` slot (`cell`), join
+/// What the child does before its exec: name itself in its `resume` slot (`cell`), join
 /// process group `group` (0: a new one it leads), `PR_SET_PDEATHSIG`, and with `hand_over_tty`
 /// the terminal's foreground group.
 fn set_up_in_child(
-    cmd: &mut Command,
     group: i32,
     hand_over_tty: bool,
     cell: Option<&'static std::sync::atomic::AtomicI32>,
     stop: bool,
-) {
+) -> impl Fn() -> io::Result<()> {
     let parent = nix::unistd::getpid();
-    // SAFETY: between fork and exec only async-signal-safe calls run: signal, getpid, setpgid,
-    // prctl, getppid, tcsetpgrp, getpgrp and _exit are plain system calls, and the slot is an
-    // atomic store; nothing allocates or takes a lock another thread of leasectl could hold.
-    unsafe {
-        cmd.pre_exec(move || {
-            resume::name_child(cell);
+    // Only async-signal-safe calls run in the child (see `spawn`): signal, getpid, kill,
+    // setpgid, prctl, getppid, tcsetpgrp, getpgrp and _exit are plain system calls, and the
+    // slot is an atomic store; nothing allocates or takes a lock.
+    move || {
+        resume::name_child(cell);
+        // SAFETY: as above.
+        unsafe {
             if libc::setpgid(0, group) != 0 {
                 return Err(io::Error::last_os_error());
             }
             if stop {
-                libc::raise(libc::SIGSTOP);
+                // Not raise(): it signals the thread its thread-local data names, which is
+                // leasectl's, not this child's.
+                libc::kill(libc::getpid(), libc::SIGSTOP);
             }
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-            // leasectl may have died between fork and prctl: then nobody would kill us.
+            // leasectl may have died before the prctl: then nobody would kill us.
             if nix::unistd::getppid() != parent {
                 libc::_exit(1);
             }
@@ -272,8 +274,8 @@ fn set_up_in_child(
                 libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
                 libc::signal(libc::SIGTTOU, libc::SIG_DFL);
             }
-            Ok(())
-        });
+        }
+        Ok(())
     }
 }
 
@@ -477,8 +479,8 @@ mod tests {
         assert!(pid > 0);
     }
 
-    /// A program without a `#!` line runs with /bin/sh, as a shell runs it (`execvp` does that;
-    /// `posix_spawn`, were it used, would refuse it with ENOEXEC).
+    /// A program without a `#!` line runs with /bin/sh, as a shell runs it (`execvpe` does
+    /// that; `posix_spawn`, were it used, would refuse it with ENOEXEC).
     #[tokio::test]
     async fn a_program_without_an_interpreter_line_runs_with_sh() {
         let dir = tempfile::tempdir().unwrap();
@@ -491,7 +493,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "ran\n");
     }
 
-    /// A watchdog armed ahead leads the command's group: no second one is forked.
+    /// A watchdog armed ahead leads the command's group: no second one is started.
     #[tokio::test]
     async fn a_watchdog_armed_ahead_guards_the_group() {
         let armed = Watchdog::arm().unwrap();

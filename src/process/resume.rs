@@ -1,17 +1,18 @@
 //! A child stopped on its way out of leasectl's process group is continued with leasectl.
 //!
-//! A child leaves leasectl's process group between fork and exec (`setpgid`, into a group of
-//! its own or its watchdog's), and the spawn waits for its `exec`. A stop signal sent to
-//! leasectl's group (`kill -STOP -PGID`, a terminal's Ctrl-Z) while the child is still a member
-//! is the child's too, and if the child leaves the group before it stops, the SIGCONT that
-//! later continues leasectl's group does not reach it. The child then never execs, the spawn
-//! never returns, and leasectl (one thread) answers nothing any more, signals included: a relay
-//! with an `exec:` sink hung that way after a SIGSTOP and a SIGCONT of its group.
+//! A child leaves leasectl's process group between its start and its exec (`setpgid`, into a
+//! group of its own or its watchdog's), and the spawn waits for its `exec`. A stop signal sent
+//! to leasectl's group (`kill -STOP -PGID`, a terminal's Ctrl-Z) while the child is still a
+//! member is the child's too, and if the child leaves the group before it stops, the SIGCONT
+//! that later continues leasectl's group does not reach it. The child then never execs, the
+//! spawn never returns, and leasectl (one thread) answers nothing any more, signals included: a
+//! relay with an `exec:` sink hung that way after a SIGSTOP and a SIGCONT of its group.
 //!
-//! So a child names itself in a page it shares with leasectl (a `MAP_SHARED` mapping is shared
-//! across a fork) before it leaves the group, and leasectl's SIGCONT handler continues every
-//! child named there. The name is cleared once the spawn returns: the child has exec'd by then,
-//! and leasectl has not reaped it yet, so the pid cannot have been reused.
+//! So a child names itself in a page it shares with leasectl (a `MAP_SHARED` mapping, shared
+//! whether the child was forked or shares leasectl's memory until its exec) before it leaves
+//! the group, and leasectl's SIGCONT handler continues every child named there. The name is
+//! cleared once the spawn returns: the child has exec'd by then, and leasectl has not reaped it
+//! yet, so the pid cannot have been reused.
 
 use std::sync::atomic::{AtomicI32, AtomicPtr, Ordering};
 use std::sync::OnceLock;
@@ -99,7 +100,7 @@ impl Slot {
         Slot(cell)
     }
 
-    /// For the child, between fork and exec: [`name_child`] with this slot.
+    /// For the child, before its exec: [`name_child`] with this slot.
     pub fn cell(&self) -> Option<&'static Cell> {
         self.0
     }
@@ -113,7 +114,7 @@ impl Drop for Slot {
     }
 }
 
-/// In the child, between fork and exec, before it leaves leasectl's group: names the child in
+/// In the child, before its exec and before it leaves leasectl's group: names the child in
 /// its slot, and gives SIGCONT its default action back (the handler, inherited with the fork,
 /// would continue the child itself, forever). Async-signal-safe.
 pub fn name_child(cell: Option<&Cell>) {

@@ -3,11 +3,12 @@
 
 use std::ffi::OsString;
 use std::io;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
+use crate::process::spawn::{Command, Stdio};
 use crate::process::{Capture, Group, OnEchoError, Options, Pump, Watchdog};
 
 /// Why the command could not be started.
@@ -42,13 +43,13 @@ impl Child {
             .expect("RunConfig guarantees a command");
         // Looked up here rather than by execvp in the child (see `process::path`); the
         // command still sees the name it was given as its argv[0].
-        let mut cmd = tokio::process::Command::new(crate::process::path::resolved(program));
+        let mut cmd = Command::new(crate::process::path::resolved(program));
         cmd.arg0(program)
             .args(args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::inherit())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stdin(Stdio::Inherit)
+            .stdout(Stdio::Piped)
+            .stderr(Stdio::Piped);
         let opts = Options {
             watchdog: true,
             terminal: true,

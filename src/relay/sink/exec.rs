@@ -36,14 +36,15 @@
 //! once (up to the sink's [`super::Sink::parallelism`]); the command must cope with that.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 use tokio::io::AsyncWriteExt;
-use tokio::process::{ChildStdin, Command};
+use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
+use crate::process::spawn::{Command, Stdio};
 use crate::process::{Group, Options};
 
 use super::{DeliveryError, Event, Gate, SinkOptions};
@@ -131,9 +132,9 @@ impl Exec {
             .env("LEASECTL_EVENT_TYPE", &event.event_type)
             .env("LEASECTL_AGGREGATE_TYPE", &event.aggregate_type)
             .env("LEASECTL_AGGREGATE_ID", &event.aggregate_id)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit());
+            .stdin(Stdio::Piped)
+            .stdout(Stdio::Inherit)
+            .stderr(Stdio::Inherit);
         Group::spawn(cmd, Options::default()).map_err(|e| {
             DeliveryError::Unavailable(format!("cannot run {SHELL} for the exec sink: {e}"))
         })
@@ -165,7 +166,7 @@ impl Exec {
 
 /// Writes the event to the command's stdin and closes it; errors (the command closed its end,
 /// typically `EPIPE`) are ignored: the exit status decides.
-async fn feed(stdin: Option<ChildStdin>, input: Vec<u8>) {
+async fn feed(stdin: Option<pipe::Sender>, input: Vec<u8>) {
     if let Some(mut stdin) = stdin {
         let _ = stdin.write_all(&input).await;
         // Dropping `stdin` closes the pipe: the command reads end of file.
