@@ -8,6 +8,8 @@ use leasectl::cli::Cli;
 use leasectl::exit::Exit;
 
 fn main() -> ExitCode {
+    // A leasectl started as a command's watchdog does only that, and never returns from here.
+    leasectl::process::watchdog::serve_if_asked();
     let args = leasectl::cli::attach_negative_values(std::env::args_os().collect());
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,

@@ -1,24 +1,32 @@
-//! The watchdog of a command's process group: a forked process that SIGKILLs the group when
-//! leasectl dies, however it dies.
+//! The watchdog of a command's process group: a process that SIGKILLs the group when leasectl
+//! dies, however it dies.
 //!
-//! It can be forked ahead of the command it will guard ([`Watchdog::arm`], as `run` does before
-//! it connects): a fork copies the page tables of everything leasectl has mapped, and every page
-//! the two processes then share is copied again the first time leasectl writes to it. Forked
-//! while leasectl is small, both are few; the memory leasectl allocates afterwards (the
-//! connection, the run's state) is its own from the start.
+//! It is leasectl's own binary started afresh ([`Watchdog::arm`]): a [`super::spawn`] of
+//! `/proc/self/exe` under the watchdog's title, which `main` hands to [`serve_if_asked`] before
+//! anything else. Forked instead (as it still is where that exec fails), it would share every
+//! page of leasectl's memory for the whole run, and each page leasectl wrote again would be
+//! copied then, about sixty per run. It is armed ahead of the command it will guard, as `run`
+//! does while its acquisition is answered, so its start overlaps the wait for the server.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::group::stat_fields;
+use super::{resume, spawn};
 
-/// A forked process that creates the child's process group and SIGKILLs that group when
-/// leasectl dies.
+/// Set in the environment of a leasectl started as a watchdog (with its title as `argv[0]`).
+const MODE_VAR: &str = "LEASECTL_WATCHDOG";
+/// The start of the watchdog's `argv[0]` and its `comm`.
+const NAME: &str = "leasectl-watch";
+
+/// A process that creates the child's process group and SIGKILLs that group when leasectl
+/// dies.
 ///
-/// It is forked before the command and leads a new process group, which the command then
+/// It is started before the command and leads a new process group, which the command then
 /// joins, so the command is never unguarded. It *stays* in that group, out of leasectl's own:
 /// `kill -9 -- -$(leasectl's pgid)`, `timeout -s KILL`, a CI runner cancelling a step all
 /// signal leasectl's group, and must not take the watchdog with them. It ignores the signals
@@ -28,8 +36,8 @@ use super::group::stat_fields;
 ///
 /// It blocks reading a pipe whose only write end leasectl holds: end of file means leasectl
 /// is gone (however it died, panics included) and the group is killed; a byte means "stand
-/// down". Between fork and `_exit` it makes only async-signal-safe system calls, so forking
-/// from a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
+/// down". Forked, it makes only async-signal-safe system calls until `_exit`, so forking from
+/// a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
 /// reused while the watchdog lives, so it never kills a stranger's group.
 pub struct Watchdog {
     /// The pipe's only write end; `None` once closed.
@@ -49,10 +57,69 @@ const WATCHDOG_IGNORES: [libc::c_int; 6] = [
 ];
 
 impl Watchdog {
-    /// Forks the watchdog and makes it the leader of a new process group, for a command to
-    /// join ([`super::Group::spawn_guarded`]).
+    /// Starts the watchdog, the leader of a new process group for a command to join
+    /// ([`super::Group::spawn_guarded`]): leasectl's binary started afresh, or forked where
+    /// that fails (no `/proc`, say). Unit tests fork: their binary is the test harness.
     pub fn arm() -> io::Result<Watchdog> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        #[cfg(not(test))]
+        if let Ok(pid) = Watchdog::exec(&read) {
+            return Ok(Watchdog {
+                write: Some(write),
+                pid,
+            });
+        }
+        Watchdog::fork(read, write)
+    }
+
+    /// Starts `/proc/self/exe` as the watchdog: its signals ignored, its streams on /dev/null,
+    /// the pipe's read end as descriptor 3, in a new process group it leads. Returns once it
+    /// has exec'd; [`serve_if_asked`] does the rest in it.
+    #[cfg_attr(test, allow(dead_code))]
+    fn exec(read: &OwnedFd) -> io::Result<Pid> {
+        let null = nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        // Above 3, so that moving them onto 0–3 in the child overwrites neither.
+        let null = above(&null, 10)?;
+        let pipe = above(read, 10)?;
+        let (null_fd, pipe_fd) = (null.as_raw_fd(), pipe.as_raw_fd());
+        let mut cmd = spawn::Command::new("/proc/self/exe");
+        // leasectl's environment, as a fork's would be, so that whoever finds leasectl's
+        // processes by a variable of theirs finds the watchdog too.
+        cmd.arg0(title(std::process::id())).env(MODE_VAR, "1");
+        // Named for leasectl's SIGCONT handler until it has exec'd, as any child that leaves
+        // leasectl's group (see `resume`).
+        let slot = resume::Slot::take();
+        let cell = slot.cell();
+        let setup = move || {
+            resume::name_child(cell);
+            // SAFETY: signal, dup2 and setpgid are async-signal-safe system calls (see
+            // `spawn`); ignored dispositions survive the exec.
+            unsafe {
+                for sig in WATCHDOG_IGNORES {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                for (from, to) in [(null_fd, 0), (null_fd, 1), (null_fd, 2), (pipe_fd, 3)] {
+                    if libc::dup2(from, to) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        };
+        let (pid, _) = spawn::start(&cmd, &setup)?;
+        drop(slot);
+        Ok(Pid::from_raw(pid))
+    }
+
+    /// Forks the watchdog (see [`Watchdog::arm`]).
+    fn fork(read: OwnedFd, write: OwnedFd) -> io::Result<Watchdog> {
         let read_fd = read.as_raw_fd();
         let write_fd = write.as_raw_fd();
         // Prepared before the fork, so that the child only copies bytes.
@@ -66,7 +133,6 @@ impl Watchdog {
             0 => unsafe {
                 // No setpgid here: the parent creates the group right after fork, before it
                 // spawns the command; doing it here too would only race with that.
-                let own_pid = libc::getpid();
                 title.apply();
                 libc::close(write_fd);
                 // Keep nothing of leasectl open (its stdout may be a pipe someone waits on).
@@ -76,38 +142,13 @@ impl Watchdog {
                     libc::dup2(null, 1);
                     libc::dup2(null, 2);
                 }
-                let keep = if read_fd == 3 {
-                    3
-                } else {
-                    libc::dup2(read_fd, 3)
-                };
-                if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
-                    // Older kernels (< 5.9) or a seccomp filter: close one by one.
-                    let mut lim = libc::rlimit {
-                        rlim_cur: 1024,
-                        rlim_max: 1024,
-                    };
-                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-                    let top = lim.rlim_cur.min(65_536) as libc::c_int;
-                    for fd in 4..top {
-                        libc::close(fd);
-                    }
+                if read_fd != 3 {
+                    libc::dup2(read_fd, 3);
                 }
                 for sig in WATCHDOG_IGNORES {
                     libc::signal(sig, libc::SIG_IGN);
                 }
-                let mut byte = 0u8;
-                loop {
-                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
-                    if n < 0 && *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    if n != 1 {
-                        // Kills the command's whole group, the watchdog included.
-                        libc::kill(-own_pid, libc::SIGKILL);
-                    }
-                    libc::_exit(0);
-                }
+                guard()
             },
             pid => {
                 drop(read);
@@ -121,6 +162,80 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// In a leasectl started as a watchdog ([`Watchdog::arm`]): guards, and never returns. Else
+/// returns at once. `main` calls it first thing.
+pub fn serve_if_asked() {
+    if std::env::var_os(MODE_VAR).is_none()
+        || !std::env::args_os()
+            .next()
+            .is_some_and(|a| a.as_bytes().starts_with(NAME.as_bytes()))
+    {
+        return;
+    }
+    // SAFETY: prctl with a static name; `guard` makes only system calls.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"leasectl-watch".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        guard()
+    }
+}
+
+/// The watchdog's work once set up, with the pipe on descriptor 3: closes every other
+/// descriptor above the standard streams, then blocks reading the pipe. End of file (leasectl is
+/// gone) kills its whole process group, the command's; a byte (stand down) just exits.
+///
+/// # Safety
+/// Async-signal-safe system calls only: it also runs in a forked child.
+unsafe fn guard() -> ! {
+    let own_pid = libc::getpid();
+    if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+        // Older kernels (< 5.9) or a seccomp filter: close one by one.
+        let mut lim = libc::rlimit {
+            rlim_cur: 1024,
+            rlim_max: 1024,
+        };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        let top = lim.rlim_cur.min(65_536) as libc::c_int;
+        for fd in 4..top {
+            libc::close(fd);
+        }
+    }
+    let mut byte = 0u8;
+    loop {
+        let n = libc::read(3, (&mut byte as *mut u8).cast(), 1);
+        if n < 0 && *libc::__errno_location() == libc::EINTR {
+            continue;
+        }
+        if n != 1 {
+            // Kills the command's whole group, the watchdog included.
+            libc::kill(-own_pid, libc::SIGKILL);
+        }
+        libc::_exit(0);
+    }
+}
+
+/// The watchdog's title (its command line), naming the leasectl it guards.
+fn title(leasectl: u32) -> String {
+    format!("{NAME} (kills the command's group if leasectl pid {leasectl} dies)")
+}
+
+/// A new close-on-exec descriptor for `fd`, numbered `min` or above.
+#[cfg_attr(test, allow(dead_code))]
+fn above(fd: &impl AsRawFd, min: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor that we then own.
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
 impl Watchdog {
@@ -160,10 +275,7 @@ impl Title {
             let end: usize = rest.next()?.parse().ok()?;
             (end > start).then_some((start, end - start))
         });
-        let text = format!(
-            "leasectl-watch (kills the command's group if leasectl pid {} dies)",
-            std::process::id()
-        );
+        let text = title(std::process::id());
         Title {
             area,
             text: text.into_bytes(),

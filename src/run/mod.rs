@@ -196,19 +196,18 @@ pub async fn run(db_args: &DbArgs, args: RunArgs) -> Result<Exit> {
     }
 }
 
-/// Whether the command's watchdog is forked while the first acquisition is answered
+/// Whether the command's watchdog is started while the first acquisition is answered
 /// ([`arm_behind`]) rather than when the command starts: for the run that expects to start its
 /// command at once. A caller that may wait (`--wait`) or reuse another run's result
-/// (`--reuse-within`) forks it when it starts its command, as a step (`--token`) does.
+/// (`--reuse-within`) starts it when it starts its command, as a step (`--token`) does.
 fn arms_ahead(cfg: &RunConfig) -> bool {
     cfg.wait.is_none() && cfg.reuse_within.is_none() && cfg.token.is_none()
 }
 
-/// Forks the command's watchdog once the acquisition's requests are on their way: leasectl
-/// would only wait for the server meanwhile, and it is still small, so the fork copies little
-/// and leasectl copies few pages on write while the watchdog lives (see [`Watchdog`]). If the
-/// lease is busy, the watchdog is stood down unused. `None` (the spawn forks one) if the fork
-/// fails.
+/// Starts the command's watchdog once the acquisition's requests are on their way: leasectl
+/// would only wait for the server meanwhile, and the watchdog's own start-up overlaps that wait
+/// (see [`Watchdog`]). If the lease is busy, the watchdog is stood down unused. `None` (the
+/// spawn starts one) if it cannot be started.
 async fn arm_behind() -> Option<Watchdog> {
     // Polled after the acquisition: the yield lets the connection's task write its requests.
     tokio::task::yield_now().await;

@@ -39,7 +39,7 @@ pub(super) struct Launch {
     pub(super) acquired_at: Instant,
     /// The `--slot` the command runs for.
     pub(super) slot: Option<Slot>,
-    /// A watchdog armed ahead (see `super::arm_behind`); one is forked at the spawn otherwise.
+    /// A watchdog armed ahead (see `super::arm_behind`); one is started at the spawn otherwise.
     pub(super) watchdog: Option<Watchdog>,
 }
 

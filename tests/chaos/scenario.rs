@@ -237,7 +237,7 @@ fn plain(r: &mut Round) {
     };
     r.pause(delay);
     r.inject(a);
-    // A caller without `--wait`, arriving as the fault strikes: it forks its command's watchdog
+    // A caller without `--wait`, arriving as the fault strikes: it starts its command's watchdog
     // while its first acquisition is answered (or goes unanswered), and the busy answer, a
     // database that stopped answering or a lease it did get must all leave no watchdog behind.
     if r.rng().random_bool(0.5) {

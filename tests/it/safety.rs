@@ -687,6 +687,34 @@ fn pgrep_for_the_run_finds_leasectl_not_its_watchdog() {
 }
 
 #[test]
+fn the_watchdog_is_started_afresh_not_forked() {
+    // Forked, the watchdog would share every page of leasectl's memory for the whole run, and
+    // each page leasectl wrote again would be copied then. Started afresh (leasectl's binary
+    // again, as the watchdog) it holds none of it. Its environment tells: leasectl's with the
+    // variable that makes it the watchdog, where a fork's would be leasectl's as it started. It
+    // still leads the command's group.
+    let env = Env::new();
+    let target = format!("afresh-{}", std::process::id());
+    let holder = env.hold(&target, &env.gate());
+    let watch = pids_with_cmdline(&format!("leasectl pid {} dies", holder.id()));
+    assert_eq!(watch.len(), 1, "{watch:?}");
+    let environ = std::fs::read(format!("/proc/{}/environ", watch[0])).unwrap();
+    let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+    assert!(
+        vars.contains(&&b"LEASECTL_WATCHDOG=1"[..]),
+        "the watchdog's environment is leasectl's as it started: it was forked"
+    );
+    assert!(
+        vars.iter().any(|v| v.starts_with(b"PATH=")),
+        "leasectl's environment is not passed on"
+    );
+    // SAFETY: getpgid(2) on a live process of this test.
+    assert_eq!(unsafe { libc::getpgid(watch[0]) }, watch[0]);
+    env.open_gate();
+    assert_eq!(code(&finish(holder)), 0);
+}
+
+#[test]
 fn the_command_dies_when_leasectl_and_its_watchdog_are_killed_together() {
     // `pkill -9 leasectl` matches the watchdog's name too: with the watchdog gone first, only
     // the command's own PR_SET_PDEATHSIG still stops it when leasectl dies.
@@ -707,7 +735,7 @@ fn the_command_dies_when_leasectl_and_its_watchdog_are_killed_together() {
 
 #[test]
 fn a_busy_answer_stands_its_watchdog_down_and_reaps_it() {
-    // The plain run forks its command's watchdog while the acquisition is answered; when the
+    // The plain run starts its command's watchdog while the acquisition is answered; when the
     // lease is busy, that watchdog must neither outlive leasectl nor be left for an init that
     // may never reap it.
     // Orphans of this test's processes are adopted by this process, where they can be seen.
