@@ -10,8 +10,8 @@
 //!   *first* and leads the process group the child then joins, so there is no moment in which
 //!   the child runs unguarded; it stays in that group, out of leasectl's, and ignores the
 //!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
-//!   kill the watchdog. A panic never stands it down: the unwinding closes its pipe without
-//!   the stand-down byte, which the watchdog takes as "leasectl is gone".
+//!   kill the watchdog. A panic never stands it down: the unwinding only closes its pipe,
+//!   which the watchdog takes as "leasectl is gone".
 //! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
 //!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run. It is what

@@ -35,8 +35,8 @@ const NAME: &str = "leasectl-watch";
 /// kill everything in it) and a cgroup kill.
 ///
 /// It blocks reading a pipe whose only write end leasectl holds: end of file means leasectl
-/// is gone (however it died, panics included) and the group is killed; a byte means "stand
-/// down". Forked, it makes only async-signal-safe system calls until `_exit`, so forking from
+/// is gone (however it died, panics included) and the group is killed. Standing it down is a
+/// SIGKILL to the watchdog alone (see its `Drop`). Forked, it makes only async-signal-safe system calls until `_exit`, so forking from
 /// a multi-threaded process is sound. The group id is the watchdog's pid, which cannot be
 /// reused while the watchdog lives, so it never kills a stranger's group.
 pub struct Watchdog {
@@ -189,7 +189,7 @@ pub fn serve_if_asked() {
 
 /// The watchdog's work once set up, with the pipe on descriptor 3: closes every other
 /// descriptor above the standard streams, then blocks reading the pipe. End of file (leasectl is
-/// gone) kills its whole process group, the command's; a byte (stand down) just exits.
+/// gone) kills its whole process group, the command's.
 ///
 /// # Safety
 /// Async-signal-safe system calls only: it also runs in a forked child.
@@ -213,10 +213,9 @@ unsafe fn guard() -> ! {
         if n < 0 && *libc::__errno_location() == libc::EINTR {
             continue;
         }
-        if n != 1 {
-            // Kills the command's whole group, the watchdog included.
-            libc::kill(-own_pid, libc::SIGKILL);
-        }
+        // Nothing is ever written: leasectl is gone. Kills the command's whole group, the
+        // watchdog included.
+        libc::kill(-own_pid, libc::SIGKILL);
         libc::_exit(0);
     }
 }
@@ -301,18 +300,21 @@ impl Title {
 }
 
 /// Dropping the watchdog (the run is over, the spawn failed, or the command was never started)
-/// tells it to exit without killing, and reaps it — except while panicking: then leasectl's
-/// state is unknown, so the pipe just closes and the watchdog kills the group. (Reaped, not
-/// left to whoever adopts it once leasectl is gone: in a container, that may be a process that
-/// never reaps.)
+/// stands it down with a SIGKILL to it alone, and reaps it — except while panicking: then
+/// leasectl's state is unknown, so the pipe just closes and the watchdog kills the group.
+/// Nothing of its group needs it by then: a [`super::Group`] with a watchdog SIGKILLs its whole
+/// group before it lets the watchdog go, and one never used leads a group of its own alone. A
+/// SIGKILL, not a word through the pipe, because a watchdog that is still starting would read
+/// the word only once it is up (a busy answer would wait for that). (Reaped, not left to
+/// whoever adopts it once leasectl is gone: in a container, that may be a process that never
+/// reaps.)
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        if let Some(write) = self.write.take() {
-            if !std::thread::panicking() {
-                let _ = nix::unistd::write(&write, b"x");
-            }
-            // Closed here, before the reap: while panicking, this end of file is the signal.
+        if !std::thread::panicking() {
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL);
         }
+        // Closed here, before the reap: while panicking, this end of file is the signal.
+        self.write.take();
         let _ = waitpid(self.pid, None);
     }
 }
