@@ -363,12 +363,15 @@ pub fn start(
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::SIGCHLD,
-            std::ptr::from_ref(&plan).cast_mut().cast(),
-        );
+        let arg = std::ptr::from_ref(&plan).cast_mut().cast();
+        let pid = if under_valgrind() {
+            match libc::fork() {
+                0 => child_main(arg),
+                pid => pid,
+            }
+        } else {
+            libc::clone(child_main, top, libc::CLONE_VM | libc::SIGCHLD, arg)
+        };
         let cloned = if pid < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -389,6 +392,17 @@ pub fn start(
     drop(stack);
     drop((plan, argv, envp, argv_owned, env_owned, program));
     Ok((pid, ours))
+}
+
+/// Whether leasectl runs under valgrind, which runs a `clone` only as a thread, a `fork` or a
+/// `vfork` and ends the whole program on any other: there the child is forked, as before.
+/// Valgrind preloads its own library into every program it runs.
+fn under_valgrind() -> bool {
+    static UNDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNDER.get_or_init(|| {
+        std::env::var_os("LD_PRELOAD")
+            .is_some_and(|p| p.as_bytes().windows(9).any(|w| w == b"vgpreload"))
+    })
 }
 
 /// Reads the report pipe until the child has exec'd (end of file: `None`) or reported why it

@@ -2,6 +2,7 @@
 //! are built on the heap (`src/heap.rs`); nested in the stack's frames they made a plain run
 //! touch hundreds of KiB of stack, and touch every page again after each fork (the watchdog, the
 //! command). A run started with a small stack limit overflows it, and aborts, if they are back.
+//! And nothing a debugger or profiler refuses: a run under valgrind runs its command.
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
@@ -77,4 +78,50 @@ fn a_run_fits_in_a_small_stack_whether_it_runs_waits_or_is_told_busy() {
     assert_eq!(stdout(&o), "waited\n");
     // The two, the holder and the waiter.
     assert_eq!(env.scalar("SELECT count(*) FROM runs"), "4");
+}
+
+/// Valgrind runs a `clone` only as a thread, a `fork` or a `vfork`, and ends the whole program
+/// on any other, such as the one that starts leasectl's children sharing its memory until their
+/// `exec` (`src/process/spawn.rs`): under valgrind they are forked instead.
+#[test]
+fn a_run_under_valgrind_runs_its_command() {
+    let Some(valgrind) = ["/usr/bin/valgrind", "/usr/local/bin/valgrind"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "valgrind is not installed; CI needs it for this test"
+        );
+        return;
+    };
+    let env = Env::new();
+    let run = env.command();
+    let mut cmd = Command::new(valgrind);
+    cmd.args(["--tool=none", "-q"])
+        .arg(run.get_program())
+        .args(run.get_args());
+    for (key, value) in run.get_envs() {
+        match value {
+            Some(v) => cmd.env(key, v),
+            None => cmd.env_remove(key),
+        };
+    }
+    let o = cmd
+        .args([
+            "run",
+            "--target",
+            "vg",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LEASECTL_TARGET\"",
+        ])
+        .output_in_time();
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o), "vg\n");
+    assert_eq!(
+        env.scalar("SELECT count(*) FROM runs WHERE target = 'vg'"),
+        "1"
+    );
 }
