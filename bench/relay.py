@@ -85,6 +85,8 @@ except ImportError:
 REPO = Path(__file__).resolve().parent.parent
 MAX_SEQ = 9223372036854775807
 BATCH = 1000
+# Events per drain for the `exec` sink (a process per event: a few thousand a second).
+EXEC_EVENTS = 5000
 
 GOAL_STDOUT_VS_FLOOR = 0.5
 # This build ÷ the --baseline build on the stdout drain: at least as fast as the last release.
@@ -667,7 +669,7 @@ def measure_one(args, pg, cand, peer):
         }[cand.kind](args.events)
         cand.rates.append(rate)
         return rate
-    n = max(cand.events or 0, args.events)
+    n = cand.events if cand.kind == "exec" else max(cand.events or 0, args.events)
     leasectl = cand.binary or args.leasectl
     schema = new_schema(leasectl)
     target = None
@@ -691,6 +693,8 @@ def measure_one(args, pg, cand, peer):
             elif cand.kind == "http":
                 sink = peer.url()
                 before = (peer.requests(), peer.cpu())
+            elif cand.kind == "exec":
+                sink = "exec:true"
             else:
                 sink = "stdout"
             argv = [*leasectl, "--schema", schema, "relay", "--once", "--batch", str(BATCH), "--sink", sink]
@@ -800,9 +804,15 @@ def throughput(args, pg, peer):
         cands.append(Candidate("nats-ref", 0, "nats-ref", f"reference: nats-py, {REF_WINDOW} acked publishes in flight"))
     if peer is not None:
         cands.append(Candidate("http", 1000, "http", f"relay --once → HTTP peer ({args.http_workers} processes, 204)"))
+    # A process per event: what starting a child costs the relay (and `run`). Fewer events,
+    # as it delivers a few thousand a second.
+    cands.append(Candidate(
+        "exec", 1000, "exec", f"relay --once → exec:true (a process per event), {EXEC_EVENTS} events",
+        events=EXEC_EVENTS,
+    ))
     cands = [c for c in cands if c.kind in ("floor", "ceiling") or c.name.split("-")[0] in args.sinks]
     if args.base:
-        cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http") and baseline_takes(args, pg, c)]
+        cands += [c.twin(args.base) for c in cands if c.kind in ("stdout", "amqp", "nats", "http", "exec") and baseline_takes(args, pg, c)]
     print(f"Throughput: {args.events} events per drain, {args.rounds} rounds of {len(cands)} candidates, rotated")
     for r in range(args.rounds):
         order = cands[r % len(cands) :] + cands[: r % len(cands)]
@@ -1026,7 +1036,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a smaller run, for trying the script")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every table-size lot")
     ap.add_argument("--only", default="throughput,latency,size", help="comma-separated parts to run")
-    ap.add_argument("--sinks", default="stdout,amqp,nats,http", help="comma-separated sinks for the throughput part")
+    ap.add_argument("--sinks", default="stdout,amqp,nats,http,exec", help="comma-separated sinks for the throughput part")
     ap.add_argument("--baseline", help="another leasectl build measured in the same rounds (bench/compare builds one)")
     args = ap.parse_args()
     q = args.quick
