@@ -19,7 +19,8 @@ Measured:
 
   throughput  `leasectl relay --once --batch 1000 --sink SINK` draining N events (≈200-byte JSON
               payloads; 1000 aggregates, and 100 and 1 aggregates for stdout; stdout also from
-              an outbox that was never analyzed, beside the 1000-aggregate floor) — wall time of the whole
+              an outbox that was never analyzed, beside the 1000-aggregate floor; `exec:true`,
+              a process per event, with 5000 events) — wall time of the whole
               process, start to exit — against the floor: the relay's own claim statement (the
               CLAIM constant read from src/store/outbox/claim.rs, 1000 rows per statement, window 2000, max
               seq i64::MAX, reach 0: the relay looks past its window only while that finds something) run by `pgbench -M prepared` from one persistent connection,
