@@ -151,10 +151,12 @@ impl Child {
             match &self.pidfd {
                 Some(fd) => {
                     let mut ready = fd.readable().await?;
-                    // Readable means exited; reaped in the next round. A wake-up before that
-                    // (none is known) just waits again.
-                    if self.peek_exited() {
-                        continue;
+                    // Readable means exited. A wake-up before that (none is known) just waits
+                    // again.
+                    if let Some(status) = reap(self.pid)? {
+                        drop(ready);
+                        self.status = Some(status);
+                        return Ok(status);
                     }
                     ready.clear_ready();
                 }
@@ -165,30 +167,10 @@ impl Child {
 
     /// The child's status if it has exited (reaping it), without waiting.
     pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        if self.status.is_some() {
-            return Ok(self.status);
+        if self.status.is_none() {
+            self.status = reap(self.pid)?;
         }
-        let mut raw: c_int = 0;
-        // SAFETY: waitpid on our own child, into a local.
-        match unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG) } {
-            0 => Ok(None),
-            -1 => Err(io::Error::last_os_error()),
-            _ => {
-                self.status = Some(ExitStatus::from_raw(raw));
-                Ok(self.status)
-            }
-        }
-    }
-
-    /// Whether the child has exited, without reaping it.
-    fn peek_exited(&self) -> bool {
-        // SAFETY: a zeroed siginfo_t is a valid out-parameter for waitid.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-        // SAFETY: waitid on our own child, into a local.
-        let r = unsafe { libc::waitid(libc::P_PID, self.pid.unsigned_abs(), &mut info, flags) };
-        // SAFETY: waitid filled `info` (si_pid stays 0 while the child runs).
-        r == 0 && unsafe { info.si_pid() } != 0
+        Ok(self.status)
     }
 
     /// SIGKILL to the child, unless it has been reaped (its pid may be another's then).
@@ -223,11 +205,18 @@ fn reap_orphans() {
     let Ok(mut orphans) = ORPHANS.lock() else {
         return;
     };
-    orphans.retain(|&pid| {
-        let mut raw: c_int = 0;
-        // SAFETY: waitpid on a child of ours nobody else waits for.
-        unsafe { libc::waitpid(pid, &mut raw, libc::WNOHANG) == 0 }
-    });
+    orphans.retain(|&pid| matches!(reap(pid), Ok(None)));
+}
+
+/// Reaps child `pid` if it has exited: its status, or `None` while it runs.
+fn reap(pid: i32) -> io::Result<Option<ExitStatus>> {
+    let mut raw: c_int = 0;
+    // SAFETY: waitpid on a child of ours, into a local.
+    match unsafe { libc::waitpid(pid, &mut raw, libc::WNOHANG) } {
+        0 => Ok(None),
+        -1 => Err(io::Error::last_os_error()),
+        _ => Ok(Some(ExitStatus::from_raw(raw))),
+    }
 }
 
 /// The stack the child runs on until its `exec`: mapped once, with a guard page below it, and
@@ -332,14 +321,14 @@ pub fn start(
         if *how == Stdio::Piped {
             let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
             let (mine, child) = if i == 0 { (write, read) } else { (read, write) };
-            let child = above_stdio(child)?;
+            let child = above(child, 3)?;
             moves[i] = (child.as_raw_fd(), i as RawFd);
             ours[i] = Some(mine);
             theirs.push(child);
         }
     }
     let (report_read, report_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let report_write = above_stdio(report_write)?;
+    let report_write = above(report_write, 3)?;
     let plan = Plan {
         program: program.as_ptr(),
         argv: argv.as_ptr(),
@@ -532,14 +521,16 @@ fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
         .collect()
 }
 
-/// `fd` as a descriptor above the standard streams (a leasectl started with one of them closed
-/// gets such a number for a new pipe, which moving the streams would then overwrite).
-fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > 2 {
+/// `fd` numbered `min` or above: itself if it is, else a close-on-exec copy (and `fd` closed).
+/// Descriptors the child moves onto its standard streams must be above them: a leasectl
+/// started with one of them closed gets such a number for a new pipe, which moving the streams
+/// would then overwrite.
+pub(super) fn above(fd: OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= min {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor that we then own.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
     if new < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -9,7 +9,7 @@
 //! does while its acquisition is answered, so its start overlaps the wait for the server.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -83,8 +83,8 @@ impl Watchdog {
             nix::sys::stat::Mode::empty(),
         )?;
         // Above 3, so that moving them onto 0–3 in the child overwrites neither.
-        let null = above(&null, 10)?;
-        let pipe = above(read, 10)?;
+        let null = spawn::above(null, 10)?;
+        let pipe = spawn::above(read.try_clone()?, 10)?;
         let (null_fd, pipe_fd) = (null.as_raw_fd(), pipe.as_raw_fd());
         let mut cmd = spawn::Command::new("/proc/self/exe");
         // leasectl's environment, as a fork's would be, so that whoever finds leasectl's
@@ -223,18 +223,6 @@ unsafe fn guard() -> ! {
 /// The watchdog's title (its command line), naming the leasectl it guards.
 fn title(leasectl: u32) -> String {
     format!("{NAME} (kills the command's group if leasectl pid {leasectl} dies)")
-}
-
-/// A new close-on-exec descriptor for `fd`, numbered `min` or above.
-#[cfg_attr(test, allow(dead_code))]
-fn above(fd: &impl AsRawFd, min: i32) -> io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC makes a new descriptor that we then own.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) };
-    if new < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `new` is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
 impl Watchdog {
