@@ -12,8 +12,8 @@
 //!   signals a terminal or a job runner sends, so whatever kills leasectl's group does not
 //!   kill the watchdog. A panic never stands it down: the unwinding only closes its pipe,
 //!   which the watchdog takes as "leasectl is gone".
-//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that forked it dies. Linux ties
-//!   it to the *thread*, so leasectl forks from the runtime's main thread (it runs a
+//! * `PR_SET_PDEATHSIG` kills the direct child when the thread that started it dies. Linux ties
+//!   it to the *thread*, so leasectl starts children from the runtime's main thread (it runs a
 //!   current-thread runtime), never from a pooled thread that could retire mid-run. It is what
 //!   still stops the command when something kills leasectl and its watchdog together (`pkill -9
 //!   leasectl` matches both names). It needs code between the child's start and its exec,
@@ -78,7 +78,7 @@ impl Group {
     }
 
     /// [`Group::spawn`], with a watchdog armed ahead ([`Watchdog::arm`]) to guard the group if
-    /// `opts` asks for one — unless it is gone meanwhile: then one is forked now.
+    /// `opts` asks for one — unless it is gone meanwhile: then one is started now.
     pub fn spawn_guarded(
         cmd: Command,
         opts: Options,
@@ -124,7 +124,7 @@ impl Group {
         })
     }
 
-    /// The child's stdin, stdout and stderr pipes (those set to `Stdio::piped()`).
+    /// The child's stdin, stdout and stderr pipes (those set to [`spawn::Stdio::Piped`]).
     pub fn child_mut(&mut self) -> &mut Child {
         &mut self.child
     }
